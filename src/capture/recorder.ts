@@ -1,0 +1,310 @@
+import { performance } from 'node:perf_hooks';
+import type { Redactor } from './redact.js';
+import { RequestParser, ResponseParser, headerValue, type MessageHead } from '../proxy/http1.js';
+import { rewriteHeaders } from '../proxy/head.js';
+import type { TraceStore } from '../trace/store.js';
+import type { ExchangeRecord, Firing, Origin, Route, StoredExchange, TraceMeta } from '../trace/schema.js';
+
+/**
+ * One trace being written: hands out sequence numbers in arrival order and keeps track of writes in flight,
+ * so closing a trace waits for every exchange that already completed.
+ */
+export class TraceWriter {
+  private seq: number;
+  private readonly inFlight = new Set<Promise<unknown>>();
+  private readonly open = new Set<ExchangeRecorder>();
+  /** set when a store write failed: the trace is then not a complete recording */
+  writeErrors = 0;
+
+  constructor(
+    readonly store: TraceStore,
+    public meta: TraceMeta,
+    nextSeq: number,
+    readonly redactor: Redactor,
+  ) {
+    this.seq = nextSeq;
+  }
+
+  get name(): string {
+    return this.meta.name;
+  }
+
+  nextSeq(): number {
+    return this.seq++;
+  }
+
+  track(write: Promise<unknown>): void {
+    const tracked = write.catch(() => {
+      this.writeErrors++;
+    });
+    this.inFlight.add(tracked);
+    void tracked.finally(() => this.inFlight.delete(tracked));
+  }
+
+  register(recorder: ExchangeRecorder): void {
+    this.open.add(recorder);
+  }
+
+  unregister(recorder: ExchangeRecorder): void {
+    this.open.delete(recorder);
+  }
+
+  /** Marks exchanges still in progress as incomplete (daemon shutdown) and waits for all writes. */
+  async flush(abortOpen: boolean): Promise<void> {
+    if (abortOpen) for (const recorder of [...this.open]) recorder.fail('shutdown', 'the daemon shut down before the exchange completed', 'response');
+    while (this.inFlight.size > 0) await Promise.all([...this.inFlight]);
+  }
+
+  async finish(patch: Partial<TraceMeta>): Promise<void> {
+    await this.flush(true);
+    this.meta = { ...this.meta, ...patch, finishedAt: Date.now() };
+    await this.store.putTrace(this.meta);
+  }
+}
+
+export interface ExchangeStart {
+  origin: Origin;
+  route: Route;
+  method: string;
+  /** origin-form target as forwarded */
+  target: string;
+  /** the head as forwarded to the origin (hop-by-hop removed), not yet redacted */
+  forwardedHead: Buffer;
+  droppedHeaders: string[];
+  clientTarget?: string;
+}
+
+function parseStoredHead(raw: Buffer, kind: 'request' | 'response'): MessageHead {
+  const parser = kind === 'request' ? new RequestParser() : new ResponseParser();
+  if (kind === 'response') (parser as ResponseParser).expectResponseTo('GET');
+  const event = parser.push(raw).find((e) => e.type === 'head');
+  if (!event || event.type !== 'head') throw new Error('stored head does not parse');
+  return event.head;
+}
+
+interface RedactedMessage {
+  head: Buffer;
+  body: Buffer;
+  /** chunk lengths of the stored body, when the original boundaries could be kept */
+  pieces: number[] | null;
+  flags: string[];
+  fired: Firing[];
+}
+
+/**
+ * Applies the redaction rules to a complete message. Verbatim (wire bytes, framing included) wherever no rule
+ * fires; otherwise the decoded, redacted payload is stored with a head whose framing headers describe it.
+ */
+export function redactMessage(
+  redactor: Redactor,
+  side: 'request' | 'response',
+  rawHead: Buffer,
+  wire: Buffer[],
+  payload: Buffer[],
+): RedactedMessage {
+  const headResult = redactor.redactHead(rawHead, side);
+  const fired = [...headResult.fired];
+  const head = parseStoredHead(headResult.head, side);
+  const contentEncoding = headerValue(head, 'content-encoding');
+  const contentType = headerValue(head, 'content-type');
+  const whole = Buffer.concat(payload);
+  if (whole.length === 0) return { head: headResult.head, body: Buffer.concat(wire), pieces: wire.map((w) => w.length), flags: [], fired };
+  const bodyResult = redactor.redactBody(whole, side, contentEncoding, contentType);
+  if (bodyResult.fired.length === 0) {
+    return { head: headResult.head, body: Buffer.concat(wire), pieces: wire.map((w) => w.length), flags: [], fired };
+  }
+  fired.push(...bodyResult.fired);
+  const flags: string[] = [];
+  const remove: string[] = [];
+  const chunked = /chunked/i.test(headerValue(head, 'transfer-encoding') ?? '');
+  if (chunked) {
+    remove.push('transfer-encoding');
+    flags.push('reframed');
+  }
+  if (bodyResult.decoded) {
+    remove.push('content-encoding');
+    flags.push('decoded');
+  }
+  // Keep the original piece boundaries (stream timing) when each piece can be redacted on its own and
+  // the result is the same as redacting the whole.
+  let pieces: number[] | null = null;
+  let body = bodyResult.body;
+  if (!bodyResult.decoded && payload.length > 1) {
+    const parts = payload.map((p) => redactor.redactBody(p, side, contentEncoding, contentType).body);
+    const joined = Buffer.concat(parts);
+    if (joined.equals(bodyResult.body)) {
+      pieces = parts.map((p) => p.length);
+      body = joined;
+    }
+  }
+  const newHead = rewriteHeaders(head, { remove, set: [['content-length', String(body.length)]] });
+  if (!flags.includes('reframed') && headerValue(head, 'content-length') !== String(body.length)) flags.push('length-rewritten');
+  return { head: newHead, body, pieces: pieces ?? [body.length], flags, fired };
+}
+
+/**
+ * Tees one HTTP exchange into the trace. Raw bytes live here only until the exchange ends; they are
+ * redacted before the store sees them. An `open` record (redacted head only) is written at the start, so an
+ * exchange cut off by a crash is found and marked incomplete on the next start.
+ */
+export class ExchangeRecorder {
+  readonly seq: number;
+  private readonly t0 = performance.now();
+  private readonly record: ExchangeRecord;
+  private readonly requestWire: Buffer[] = [];
+  private readonly requestPayload: Buffer[] = [];
+  private responseHead: Buffer | null = null;
+  private readonly responseWire: Buffer[] = [];
+  private readonly responsePayload: Buffer[] = [];
+  private readonly chunkOffsets: number[] = [];
+  private done = false;
+  /** the final write must land after the `open` one (two async LevelDB puts are not ordered) */
+  private readonly openWrite: Promise<unknown>;
+
+  constructor(
+    private readonly writer: TraceWriter,
+    private readonly start: ExchangeStart,
+  ) {
+    this.seq = writer.nextSeq();
+    this.record = {
+      seq: this.seq,
+      kind: 'http',
+      state: 'open',
+      origin: start.origin,
+      route: start.route,
+      startedAt: Date.now(),
+      timings: {},
+      redactions: [],
+    };
+    writer.register(this);
+    const { head, fired } = writer.redactor.redactHead(start.forwardedHead, 'request');
+    this.record.request = {
+      method: start.method,
+      target: this.redactTarget(head),
+      droppedHeaders: start.droppedHeaders,
+      clientTarget: start.clientTarget === undefined ? undefined : writer.redactor.redactText(start.clientTarget),
+      headLength: head.length,
+      bodyLength: 0,
+      flags: [],
+    };
+    this.record.redactions = fired;
+    this.openWrite = writer.store.putExchange(writer.name, { record: { ...this.record }, requestHead: head, requestBody: Buffer.alloc(0), responseHead: Buffer.alloc(0), responseBody: Buffer.alloc(0) });
+    writer.track(this.openWrite);
+  }
+
+  private redactTarget(redactedHead: Buffer): string {
+    const line = redactedHead.toString('latin1', 0, redactedHead.indexOf('\r\n'));
+    return line.split(' ')[1] ?? this.start.target;
+  }
+
+  private elapsed(): number {
+    return Math.round((performance.now() - this.t0) * 1000) / 1000;
+  }
+
+  requestBody(wire: Buffer, payload: Buffer[]): void {
+    this.requestWire.push(wire);
+    this.requestPayload.push(...payload);
+  }
+
+  requestEnd(): void {
+    this.record.timings.requestEndMs = this.elapsed();
+  }
+
+  onResponseHead(raw: Buffer, status: number): void {
+    this.record.timings.responseHeadMs = this.elapsed();
+    this.responseHead = raw;
+    this.record.response = { status, headLength: 0, bodyLength: 0, flags: [], chunks: [] };
+  }
+
+  responseBody(wire: Buffer, payload: Buffer[]): void {
+    if (wire.length === 0) return;
+    this.responseWire.push(wire);
+    this.responsePayload.push(Buffer.concat(payload));
+    this.chunkOffsets.push(this.elapsed());
+  }
+
+  complete(): void {
+    this.finalize('complete');
+  }
+
+  fail(code: string, message: string, phase: NonNullable<ExchangeRecord['error']>['phase']): void {
+    if (this.done) return;
+    this.record.error = { code, message: this.writer.redactor.redactText(message), phase };
+    this.finalize('incomplete');
+  }
+
+  private finalize(state: 'complete' | 'incomplete'): void {
+    if (this.done) return;
+    this.done = true;
+    this.writer.unregister(this);
+    this.record.state = state;
+    this.record.timings.endMs = this.elapsed();
+    const redactor = this.writer.redactor;
+    const request = redactMessage(redactor, 'request', this.start.forwardedHead, this.requestWire, this.requestPayload);
+    this.record.request = { ...this.record.request!, headLength: request.head.length, bodyLength: request.body.length, flags: request.flags };
+    this.record.redactions = [...request.fired];
+    let responseHead = Buffer.alloc(0);
+    let responseBody = Buffer.alloc(0);
+    if (this.responseHead && this.record.response) {
+      const response = redactMessage(redactor, 'response', this.responseHead, this.responseWire, this.responsePayload);
+      responseHead = response.head;
+      responseBody = response.body;
+      const chunks: [number, number][] =
+        response.pieces && response.pieces.length === this.chunkOffsets.length
+          ? response.pieces.map((len, i) => [this.chunkOffsets[i]!, len])
+          : [[this.chunkOffsets.at(-1) ?? this.record.timings.responseHeadMs ?? 0, response.body.length]];
+      this.record.response = { ...this.record.response, headLength: responseHead.length, bodyLength: responseBody.length, flags: response.flags, chunks };
+      this.record.redactions.push(...response.fired);
+    }
+    const exchange: StoredExchange = { record: this.record, requestHead: request.head, requestBody: request.body, responseHead, responseBody };
+    const store = this.writer.store;
+    const name = this.writer.name;
+    this.writer.track(this.openWrite.catch(() => undefined).then(() => store.putExchange(name, exchange)));
+  }
+}
+
+/** Records a failure that never became an HTTP exchange (garbage instead of TLS, unreachable tunnel target). */
+export function recordConnectionError(
+  writer: TraceWriter,
+  origin: Origin,
+  route: Route,
+  error: NonNullable<ExchangeRecord['error']>,
+): void {
+  const record: ExchangeRecord = {
+    seq: writer.nextSeq(),
+    kind: 'error',
+    state: 'complete',
+    origin,
+    route,
+    startedAt: Date.now(),
+    timings: {},
+    error: { ...error, message: writer.redactor.redactText(error.message) },
+    redactions: [],
+  };
+  const empty = Buffer.alloc(0);
+  writer.track(writer.store.putExchange(writer.name, { record, requestHead: empty, requestBody: empty, responseHead: empty, responseBody: empty }));
+}
+
+/** Records an undecrypted tunnel: host, port, bytes each way and timing only. */
+export function recordTunnel(
+  writer: TraceWriter,
+  origin: Origin,
+  startedAt: number,
+  stats: { bytesUp: number; bytesDown: number; durationMs: number },
+  error?: NonNullable<ExchangeRecord['error']>,
+): void {
+  const record: ExchangeRecord = {
+    seq: writer.nextSeq(),
+    kind: 'tunnel',
+    state: 'complete',
+    origin,
+    route: 'connect',
+    startedAt,
+    timings: { endMs: stats.durationMs },
+    tunnel: stats,
+    error: error && { ...error, message: writer.redactor.redactText(error.message) },
+    redactions: [],
+  };
+  const empty = Buffer.alloc(0);
+  writer.track(writer.store.putExchange(writer.name, { record, requestHead: empty, requestBody: empty, responseHead: empty, responseBody: empty }));
+}

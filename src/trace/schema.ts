@@ -1,0 +1,123 @@
+import type { Firing, RuleSet } from '../capture/redact.js';
+
+export type { Firing };
+
+/** Bumped whenever the stored layout changes in a way older readers cannot read. */
+export const FORMAT_VERSION = 1;
+
+export const TRACE_NAME = /^[A-Za-z0-9._-]{1,64}$/;
+
+export function isValidTraceName(name: string): boolean {
+  return TRACE_NAME.test(name) && name !== 'last' && name !== '.' && name !== '..';
+}
+
+/** `20261129-143002-a1b2`: UTC time plus a short random suffix. */
+export function defaultTraceName(now = new Date()): string {
+  const iso = now.toISOString(); // 2026-11-29T14:30:02.123Z
+  const stamp = `${iso.slice(0, 10).replaceAll('-', '')}-${iso.slice(11, 19).replaceAll(':', '')}`;
+  const suffix = Math.floor(Math.random() * 0x10000).toString(16).padStart(4, '0');
+  return `${stamp}-${suffix}`;
+}
+
+export interface Origin {
+  scheme: 'http' | 'https';
+  host: string;
+  port: number;
+}
+
+export interface TraceMeta {
+  name: string;
+  formatVersion: number;
+  createdAt: number;
+  finishedAt?: number;
+  mode: 'record';
+  /** how the trace was started: `record` (a launched command) or `daemon` (anonymous traffic) or `env` (a session) */
+  source: 'record' | 'daemon' | 'env';
+  command?: string[];
+  cwd?: string;
+  exitCode?: number;
+  signal?: string;
+  intercept: string[];
+  redaction: RuleSet;
+  /** times (epoch ms) at which a daemon resumed recording into this trace after a restart */
+  restarts: number[];
+}
+
+export type ExchangeState = 'open' | 'complete' | 'incomplete';
+
+/** How a request reached the daemon. */
+export type Route = 'connect' | 'base-url' | 'proxy';
+
+export interface StoredMessageInfo {
+  headLength: number;
+  bodyLength: number;
+  /** `decoded`: stored decoded because a redaction rule fired inside an encoded body; `reframed`: chunked framing replaced by Content-Length */
+  flags: string[];
+}
+
+export interface StoredRequestInfo extends StoredMessageInfo {
+  method: string;
+  /** origin-form target as the origin received it (redacted) */
+  target: string;
+  /** hop-by-hop and Proxy-* header names dropped before forwarding, in order */
+  droppedHeaders: string[];
+  /** what the client sent differently (absolute-form target or base-URL path, Host) when not the same as stored */
+  clientTarget?: string;
+}
+
+export interface StoredResponseInfo extends StoredMessageInfo {
+  status: number;
+  /** body chunks as they arrived: [offset in ms from the request start, length in bytes] */
+  chunks: [number, number][];
+}
+
+export interface ExchangeRecord {
+  seq: number;
+  kind: 'http' | 'tunnel' | 'error';
+  state: ExchangeState;
+  origin: Origin;
+  route: Route;
+  startedAt: number;
+  timings: { requestEndMs?: number; responseHeadMs?: number; endMs?: number };
+  request?: StoredRequestInfo;
+  response?: StoredResponseInfo;
+  tunnel?: { bytesUp: number; bytesDown: number; durationMs: number };
+  error?: { code: string; message: string; phase: 'connect' | 'tls' | 'request' | 'upstream' | 'response' | 'client' };
+  redactions: Firing[];
+}
+
+/** An exchange with its (already redacted) bytes. */
+export interface StoredExchange {
+  record: ExchangeRecord;
+  requestHead: Buffer;
+  requestBody: Buffer;
+  responseHead: Buffer;
+  responseBody: Buffer;
+}
+
+const MAGIC = Buffer.from('MRX1');
+
+/** Binary value: magic, JSON length, JSON record, then the four byte sections whose lengths the record gives. */
+export function encodeExchange(ex: StoredExchange): Buffer {
+  const json = Buffer.from(JSON.stringify(ex.record));
+  const len = Buffer.alloc(4);
+  len.writeUInt32BE(json.length);
+  return Buffer.concat([MAGIC, len, json, ex.requestHead, ex.requestBody, ex.responseHead, ex.responseBody]);
+}
+
+export function decodeExchange(value: Buffer): StoredExchange {
+  if (!value.subarray(0, 4).equals(MAGIC)) throw new Error('not an exchange record (bad magic)');
+  const jsonLength = value.readUInt32BE(4);
+  let pos = 8 + jsonLength;
+  const record = JSON.parse(value.toString('utf8', 8, pos)) as ExchangeRecord;
+  const take = (n: number): Buffer => {
+    const part = value.subarray(pos, pos + n);
+    pos += n;
+    return part;
+  };
+  const requestHead = take(record.request?.headLength ?? 0);
+  const requestBody = take(record.request?.bodyLength ?? 0);
+  const responseHead = take(record.response?.headLength ?? 0);
+  const responseBody = take(record.response?.bodyLength ?? 0);
+  return { record, requestHead, requestBody, responseHead, responseBody };
+}

@@ -1,0 +1,146 @@
+import { Level } from 'level';
+import { decodeExchange, encodeExchange, type ExchangeRecord, type StoredExchange, type TraceMeta } from './schema.js';
+
+export interface StoreOptions {
+  /** LevelDB's Snappy compression; switched off by tests that scan the files for plaintext. */
+  compression?: boolean;
+}
+
+export class StoreLockedError extends Error {}
+
+export interface TraceSummary {
+  exchanges: number;
+  complete: number;
+  incomplete: number;
+  errors: number;
+  bytesUp: number;
+  bytesDown: number;
+  /** hosts seen only as undecrypted tunnels */
+  tunnelledHosts: string[];
+}
+
+const key = {
+  meta: (name: string) => `t:${name}:meta`,
+  exchange: (name: string, seq: number) => `t:${name}:x:${String(seq).padStart(10, '0')}`,
+  exchangeRange: (name: string) => ({ gte: `t:${name}:x:`, lt: `t:${name}:x;` }),
+  traceRange: (name: string) => ({ gte: `t:${name}:`, lt: `t:${name};` }),
+};
+
+/**
+ * The trace store: LevelDB via `level`. It knows nothing of HTTP; it stores trace metadata and
+ * already-redacted exchange records. One process at a time may open it (LevelDB's LOCK).
+ */
+export class TraceStore {
+  private constructor(private readonly db: Level<string, Buffer>) {}
+
+  static async open(path: string, options: StoreOptions = {}): Promise<TraceStore> {
+    const compression = options.compression ?? true;
+    const db = new Level<string, Buffer>(path, { keyEncoding: 'utf8', valueEncoding: 'buffer', compression } as never);
+    try {
+      await db.open();
+    } catch (err) {
+      const cause = (err as { cause?: { code?: string; message?: string } }).cause;
+      if (cause?.code === 'LEVEL_LOCKED' || /lock/i.test(cause?.message ?? '')) {
+        throw new StoreLockedError(`the trace store ${path} is in use by another mitm-replay process`);
+      }
+      throw err;
+    }
+    return new TraceStore(db);
+  }
+
+  async close(): Promise<void> {
+    await this.db.close();
+  }
+
+  async getTrace(name: string): Promise<TraceMeta | undefined> {
+    const value = await this.db.get(key.meta(name));
+    return value === undefined ? undefined : (JSON.parse(value.toString('utf8')) as TraceMeta);
+  }
+
+  async putTrace(meta: TraceMeta): Promise<void> {
+    await this.db.put(key.meta(meta.name), Buffer.from(JSON.stringify(meta)));
+  }
+
+  async listTraces(): Promise<TraceMeta[]> {
+    const traces: TraceMeta[] = [];
+    for await (const [k, v] of this.db.iterator({ gte: 't:', lt: 't;' })) {
+      if (k.endsWith(':meta')) traces.push(JSON.parse(v.toString('utf8')) as TraceMeta);
+    }
+    return traces;
+  }
+
+  /** The most recently created trace, for `last`. */
+  async latestTraceName(): Promise<string | undefined> {
+    const traces = await this.listTraces();
+    traces.sort((a, b) => a.createdAt - b.createdAt || a.name.localeCompare(b.name));
+    return traces.at(-1)?.name;
+  }
+
+  async deleteTrace(name: string): Promise<void> {
+    await this.db.clear(key.traceRange(name));
+  }
+
+  async putExchange(name: string, exchange: StoredExchange): Promise<void> {
+    await this.db.put(key.exchange(name, exchange.record.seq), encodeExchange(exchange));
+  }
+
+  async getExchange(name: string, seq: number): Promise<StoredExchange | undefined> {
+    const value = await this.db.get(key.exchange(name, seq));
+    return value === undefined ? undefined : decodeExchange(value);
+  }
+
+  async *exchanges(name: string): AsyncGenerator<StoredExchange> {
+    for await (const value of this.db.values(key.exchangeRange(name))) yield decodeExchange(value);
+  }
+
+  /** Highest sequence number stored for a trace, or -1. */
+  async lastSeq(name: string): Promise<number> {
+    for await (const k of this.db.keys({ ...key.exchangeRange(name), reverse: true, limit: 1 })) {
+      return Number(k.slice(k.lastIndexOf(':') + 1));
+    }
+    return -1;
+  }
+
+  /**
+   * Exchanges still `open` when no recorder is alive were cut off (crash, SIGKILL): mark them incomplete.
+   * Called when a daemon opens the store, which it holds exclusively.
+   */
+  async markOpenExchangesIncomplete(): Promise<number> {
+    let marked = 0;
+    for await (const [k, v] of this.db.iterator({ gte: 't:', lt: 't;' })) {
+      if (!k.includes(':x:')) continue;
+      const ex = decodeExchange(v);
+      if (ex.record.state !== 'open') continue;
+      ex.record.state = 'incomplete';
+      ex.record.error ??= { code: 'cut-off', message: 'the recording process stopped before the exchange completed', phase: 'response' };
+      await this.db.put(k, encodeExchange(ex));
+      marked++;
+    }
+    return marked;
+  }
+
+  async summarize(name: string): Promise<TraceSummary> {
+    const summary: TraceSummary = { exchanges: 0, complete: 0, incomplete: 0, errors: 0, bytesUp: 0, bytesDown: 0, tunnelledHosts: [] };
+    const tunnelled = new Set<string>();
+    for await (const { record } of this.exchanges(name)) {
+      summarizeRecord(summary, tunnelled, record);
+    }
+    summary.tunnelledHosts = [...tunnelled].sort();
+    return summary;
+  }
+}
+
+function summarizeRecord(summary: TraceSummary, tunnelled: Set<string>, record: ExchangeRecord): void {
+  if (record.kind === 'tunnel') {
+    tunnelled.add(record.origin.host);
+    summary.bytesUp += record.tunnel?.bytesUp ?? 0;
+    summary.bytesDown += record.tunnel?.bytesDown ?? 0;
+    return;
+  }
+  if (record.kind === 'http') summary.exchanges++;
+  if (record.state === 'complete' && !record.error) summary.complete++;
+  if (record.state !== 'complete') summary.incomplete++;
+  if (record.error) summary.errors++;
+  summary.bytesUp += (record.request?.headLength ?? 0) + (record.request?.bodyLength ?? 0);
+  summary.bytesDown += (record.response?.headLength ?? 0) + (record.response?.bodyLength ?? 0);
+}
