@@ -243,8 +243,8 @@ export class ExchangeRecorder {
     const request = redactMessage(redactor, 'request', this.start.forwardedHead, this.requestWire, this.requestPayload);
     this.record.request = { ...this.record.request!, headLength: request.head.length, bodyLength: request.body.length, flags: request.flags };
     this.record.redactions = [...request.fired];
-    let responseHead = Buffer.alloc(0);
-    let responseBody = Buffer.alloc(0);
+    let responseHead: Buffer = Buffer.alloc(0);
+    let responseBody: Buffer = Buffer.alloc(0);
     if (this.responseHead && this.record.response) {
       const response = redactMessage(redactor, 'response', this.responseHead, this.responseWire, this.responsePayload);
       responseHead = response.head;

@@ -100,8 +100,9 @@ export const BUILTIN_PATTERNS: readonly { name: string; regex: string; flags: st
   { name: 'github-token', regex: `(?<![${T}])(?:gh[pousr]_[A-Za-z0-9]{30,255}|github_pat_[A-Za-z0-9_]{22,255})`, flags: '' },
   { name: 'google-api-key', regex: `(?<![${T}])AIza[${T}]{35}`, flags: '' },
   { name: 'slack-token', regex: `(?<![${T}])xox[abprs]-[A-Za-z0-9-]{10,250}`, flags: '' },
-  // header.payload.signature; both JSON parts start with `{"` = "eyJ". alg=none tokens have an empty signature.
-  { name: 'jwt', regex: `(?<![${T}])eyJ[${T}]{5,4000}\\.eyJ[${T}]{5,16000}\\.[${T}]{0,2000}`, flags: '' },
+  // header.payload[.signature]; both JSON parts start with `{"` = "eyJ". The signature is optional so that an
+  // unsigned token, or one whose signature runs past the bound, is still caught by header and payload.
+  { name: 'jwt', regex: `(?<![${T}])eyJ[${T}]{5,10000}\\.eyJ[${T}]{5,100000}(?:\\.[${T}]{0,10000})?`, flags: '' },
   // PEM body: base64 plus real or JSON-escaped newlines; the END line is optional so a truncated key still goes.
   {
     name: 'private-key',
@@ -488,7 +489,7 @@ export class Redactor {
   private readonly all: CompiledPatterns[];
   private readonly jsonPaths: { rule: string; segs: PathSeg[] }[];
   private readonly textParams: RegExp | undefined;
-  private readonly textHeaders: RegExp;
+  private readonly textHeaders: RegExp | undefined;
 
   constructor(rules: RuleSet) {
     this.rules = rules;
@@ -502,7 +503,7 @@ export class Redactor {
     const params = [...this.paramSet].map(escapeRegex).join('|');
     this.textParams = params ? new RegExp(`(?<=[?&;])(?:${params})=[^&#\\s"'<>]+`, 'gi') : undefined;
     const headers = [...this.headerSet].map(escapeRegex).join('|');
-    this.textHeaders = new RegExp(`(?<![A-Za-z0-9-])(${headers})([ \\t]*:[ \\t]*)([^\\r\\n]+)`, 'gi');
+    this.textHeaders = headers ? new RegExp(`(?<![A-Za-z0-9-])(${headers})([ \\t]*:[ \\t]*)([^\\r\\n]+)`, 'gi') : undefined;
   }
 
   /** Redacts secret header values and, on a request line, secret query values and key shapes in the target. */
@@ -519,7 +520,7 @@ export class Redactor {
         if (p === 0) {
           if (side === 'request') this.requestLineSpans(line, offset, spans);
         } else if (line[0] === ' ' || line[0] === '\t') {
-          if (previous !== undefined) this.headerValueSpans(previous, line, offset, side, spans);
+          if (previous !== undefined) this.headerValueSpans(previous, line, offset, side, spans, true);
         } else {
           const colon = line.indexOf(':');
           previous = colon > 0 ? line.slice(0, colon).trim().toLowerCase() : undefined;
@@ -529,11 +530,15 @@ export class Redactor {
       offset += line.length;
     }
     if (spans.length === 0) return { head, fired: [] };
-    const { text: out, fired } = this.apply(text, spans);
+    const { text: out, fired } = this.apply(text, spans, true);
     return { head: Buffer.from(out, 'latin1'), fired };
   }
 
-  /** Scans a complete (de-chunked) body; see the module comment for how encodings are handled. */
+  /**
+   * Scans a complete (de-chunked) body. gzip/deflate/br bodies are decoded and scanned; if nothing fired the
+   * original encoded bytes come back (decoded: false), otherwise the redacted decoded bytes (decoded: true) and
+   * the caller drops Content-Encoding. Unknown or corrupt encodings are scanned as they are.
+   */
   redactBody(
     body: Buffer,
     side: 'request' | 'response',
@@ -556,8 +561,8 @@ export class Redactor {
 
   /** Redacts secrets inside a single string (URL, log line, error text). Records nothing. */
   redactText(text: string): string {
+    // Named rules first: on a tie (same stretch) the first span pushed labels it.
     const spans: Span[] = [];
-    this.patternSpans(this.all, text, 0, '', spans);
     for (const m of text.matchAll(URL_USERINFO)) {
       const start = m.index + m[1]!.length;
       spans.push(this.span(start, start + m[2]!.length, 'url-password', ''));
@@ -569,12 +574,14 @@ export class Redactor {
         spans.push(this.span(m.index + eq + 1, m.index + m[0].length, rule, ''));
       }
     }
-    for (const m of text.matchAll(this.textHeaders)) {
-      const name = m[1]!.toLowerCase();
-      const valueStart = m.index + m[1]!.length + m[2]!.length;
-      spans.push(this.headerSpan(name, m[3]!, valueStart, ''));
+    if (this.textHeaders) {
+      for (const m of text.matchAll(this.textHeaders)) {
+        const valueStart = m.index + m[1]!.length + m[2]!.length;
+        spans.push(this.headerSpan(m[1]!.toLowerCase(), m[3]!, valueStart, ''));
+      }
     }
-    return spans.length === 0 ? text : this.apply(text, spans).text;
+    this.patternSpans(this.all, text, 0, '', spans);
+    return spans.length === 0 ? text : this.apply(text, spans, false).text;
   }
 
   // --- internals -----------------------------------------------------------------------------------------
@@ -584,16 +591,22 @@ export class Redactor {
   }
 
   /** Span replacing a secret header's value, keeping an auth scheme (`Bearer `, `Basic `, `AWS4-HMAC-SHA256 `). */
-  private headerSpan(name: string, value: string, start: number, where: string): Span {
+  private headerSpan(name: string, value: string, start: number, where: string, keepScheme = true): Span {
     const rule = `header:${name}`;
-    if (isAuthHeader(name)) {
+    if (keepScheme && isAuthHeader(name)) {
       const m = AUTH_SCHEME.exec(value);
       // A "scheme" that itself looks like a key is a bare credential with a space in it: redact it all.
-      if (m && !this.builtin.some((c) => new RegExp(c.regex.source).test(m[1]!))) {
+      if (m && !this.hasKeyShape(m[1]!)) {
         return this.span(start + m[0].length, start + value.length, rule, where);
       }
     }
     return this.span(start, start + value.length, rule, where);
+  }
+
+  private hasKeyShape(text: string): boolean {
+    const found: Span[] = [];
+    this.patternSpans(this.builtin, text, 0, '', found);
+    return found.length > 0;
   }
 
   private requestLineSpans(line: string, offset: number, spans: Span[]): void {
@@ -642,14 +655,15 @@ export class Redactor {
     if (hash >= 0) this.patternSpans(this.builtin, target.slice(hash), offset + hash, otherWhere, spans);
   }
 
-  /** `raw` is everything after the colon (or a whole continuation line), starting at `offset` in the head. */
-  private headerValueSpans(name: string, raw: string, offset: number, side: string, spans: Span[]): void {
+  /** `raw` is everything after the colon (or a whole obs-fold continuation line), starting at `offset` in the head. */
+  private headerValueSpans(name: string, raw: string, offset: number, side: string, spans: Span[], continuation = false): void {
     // Leading and trailing whitespace stays verbatim; only the value proper is replaced.
     const lead = /^[ \t]*/.exec(raw)![0].length;
     const value = raw.slice(lead).replace(/[ \t]+$/, '');
     if (value === '') return;
     const where = `${side}.header:${name}`;
-    if (this.headerSet.has(name)) spans.push(this.headerSpan(name, value, offset + lead, where));
+    // A continuation line holds no scheme: its first word is part of the credential.
+    if (this.headerSet.has(name)) spans.push(this.headerSpan(name, value, offset + lead, where, !continuation));
     else if (URL_HEADERS.has(name)) this.targetSpans(value, offset + lead, side, where, spans);
     // Key shapes are secrets wherever they appear, so other header values get the built-in scan too.
     else this.patternSpans(this.builtin, value, offset + lead, where, spans);
@@ -675,7 +689,7 @@ export class Redactor {
     }
     this.patternSpans(this.all, text, 0, where, spans);
     if (spans.length === 0) return { body, fired: [] };
-    const { text: out, fired } = this.apply(text, spans);
+    const { text: out, fired } = this.apply(text, spans, true);
     return { body: Buffer.from(out, 'latin1'), fired };
   }
 
@@ -688,7 +702,7 @@ export class Redactor {
       // Numbers become strings too: the placeholder is always a JSON string.
       found.push({ start, end, replacement: `"${placeholder(hit.rule)}"`, rule: hit.rule, where: `${where}:${formatPath(path)}` });
     });
-    if (ok) spans.push(...found);
+    if (ok) for (const span of found) spans.push(span); // no spread: there can be more spans than call arguments
   }
 
   /** Collects matches of compiled patterns in `text`, shifted by `offset`. */
@@ -702,25 +716,27 @@ export class Redactor {
           continue;
         }
         let g = 0;
-        if (rules.length > 1) while (m[g + 1] === undefined) g++;
+        if (rules.length > 1) while (g < rules.length - 1 && m[g + 1] === undefined) g++;
         spans.push(this.span(offset + m.index, offset + m.index + m[0].length, rules[g]!, where));
       }
     }
   }
 
   /**
-   * Splices spans into `text` in one pass. Leftmost wins, then longest (so a JSON-path value or a header value
+   * Splices spans into `text` (latin1 byte text when `latin1`) in one pass. Leftmost wins, then longest (so a JSON-path value or a header value
    * swallows key shapes inside it). A span partly overlapping an earlier one (possible with user regexes) has its
    * remainder redacted too, so no tail of a secret survives.
    */
-  private apply(text: string, spans: Span[]): { text: string; fired: Firing[] } {
+  private apply(text: string, spans: Span[], latin1: boolean): { text: string; fired: Firing[] } {
     spans.sort((a, b) => a.start - b.start || b.end - a.end);
     const out: string[] = [];
     const fired = new Map<string, Firing>();
     let pos = 0;
     for (const s of spans) {
       if (s.end <= pos) continue;
-      out.push(text.slice(pos, Math.max(s.start, pos)), s.replacement);
+      // Byte text is latin1: a placeholder with non-ASCII (from a user JSON path) must go in as its UTF-8 bytes.
+      const replacement = latin1 && /[^\x00-\x7f]/.test(s.replacement) ? Buffer.from(s.replacement).toString('latin1') : s.replacement;
+      out.push(text.slice(pos, Math.max(s.start, pos)), replacement);
       pos = s.end;
       if (s.where === '') continue;
       // `where` can carry names taken from the traffic (JSON keys, parameter names): scrub it as well.

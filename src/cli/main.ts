@@ -1,0 +1,58 @@
+import { UsageError } from './args.js';
+import { runDaemon } from './daemon.js';
+import { runEnv } from './env.js';
+import { runRecord } from './record.js';
+import { runTrustCa } from './trust-ca.js';
+import { VERSION } from '../daemon.js';
+import { DaemonError } from '../daemon.js';
+import { DaemonClientError } from '../daemon-client.js';
+import { StoreLockedError } from '../trace/store.js';
+
+const HELP = `usage: mitm-replay <command> [options]
+
+Records an AI agent's HTTP(S) traffic byte for byte through a local TLS-intercepting proxy.
+
+commands:
+  daemon     run the recording proxy in the foreground
+  record     run a command with its traffic recorded into a trace:  mitm-replay record -- CMD ARGS
+  env        print 'export ...' lines that point a shell at the running daemon
+  trust-ca   install (or --uninstall) the local CA into system / NSS trust stores
+
+'mitm-replay <command> --help' describes each command.`;
+
+const COMMANDS: Record<string, (argv: string[]) => Promise<number>> = {
+  daemon: runDaemon,
+  record: runRecord,
+  env: runEnv,
+  'trust-ca': runTrustCa,
+};
+
+export async function main(argv: string[]): Promise<number> {
+  const [command, ...rest] = argv;
+  if (command === undefined || command === '--help' || command === '-h' || command === 'help') {
+    console.log(HELP);
+    return command === undefined ? 2 : 0;
+  }
+  if (command === '--version' || command === '-V') {
+    console.log(VERSION);
+    return 0;
+  }
+  const run = COMMANDS[command];
+  if (!run) {
+    process.stderr.write(`mitm-replay: unknown command '${command}' (commands: ${Object.keys(COMMANDS).join(', ')}; see 'mitm-replay --help')\n`);
+    return 2;
+  }
+  try {
+    return await run(rest);
+  } catch (err) {
+    if (err instanceof UsageError) {
+      process.stderr.write(`mitm-replay: ${err.message}\n`);
+      return 2;
+    }
+    if (err instanceof DaemonError || err instanceof DaemonClientError || err instanceof StoreLockedError || (err as Error).name === 'RedactionRulesError') {
+      process.stderr.write(`mitm-replay: ${command}: ${(err as Error).message}\n`);
+      return 1;
+    }
+    throw err;
+  }
+}

@@ -1,0 +1,360 @@
+import { execFile } from 'node:child_process';
+import { X509Certificate } from 'node:crypto';
+import { accessSync, constants, existsSync, readdirSync } from 'node:fs';
+import { homedir } from 'node:os';
+import { delimiter, join, resolve } from 'node:path';
+import { promisify } from 'node:util';
+import { certificateFingerprint, loadAuthority, loadOrCreateAuthority, type CertificateAuthority } from '../ca/authority.js';
+import { homePaths, resolveHome } from '../home.js';
+
+const USAGE = `Usage: mitm-replay trust-ca [--home DIR] [--uninstall] [--dry-run] [--stores system,nss] [--nss-db DIR]
+
+Installs the mitm-replay CA (creating it first if the home has none) into this machine's trust stores,
+the way mkcert -install does. Per-process trust needs no install at all: \`mitm-replay record\` and
+\`mitm-replay env\` hand the CA to the programs they start.
+
+Options:
+  --home DIR       mitm-replay home (default: $MITM_REPLAY_HOME, else ~/.mitm-replay)
+  --uninstall      remove the CA from the stores instead
+  --dry-run        print the commands it would run and the files it would touch; change nothing
+  --stores LIST    comma-separated, from: system, nss (default: every store found on this machine)
+  --nss-db DIR     use exactly this NSS database (implies --stores nss unless --stores is given)
+  -h, --help       show this help
+
+System stores: Debian/Ubuntu, Fedora/RHEL, Arch, openSUSE, macOS (root needed; sudo is used if you are not).
+NSS stores (Firefox; Chrome/Chromium on Linux): ~/.pki/nssdb and Firefox profiles; they need certutil
+(Debian/Ubuntu: libnss3-tools, Fedora/RHEL: nss-tools, Arch: nss, openSUSE: mozilla-nss-tools, macOS: brew install nss).
+
+Environment:
+  MITM_REPLAY_TRUST_PLATFORM=debian|fedora|arch|opensuse|macos
+      Test/diagnostic switch: plan for that system store instead of detecting it (use with --dry-run).
+`;
+
+type Store = 'system' | 'nss';
+const STORES: readonly Store[] = ['system', 'nss'];
+
+type Platform = 'debian' | 'fedora' | 'arch' | 'opensuse' | 'macos';
+
+interface LinuxStore {
+  anchorDir: string;
+  extension: string;
+  refresh: string[];
+  /** Packages that provide the tools, for the "not found" message. */
+  packages: Record<string, string>;
+}
+
+/** Linux system stores, in mkcert's detection order (Fedora first: some of its images also have the Debian dir). */
+const LINUX_STORES: Record<Exclude<Platform, 'macos'>, LinuxStore> = {
+  fedora: {
+    anchorDir: '/etc/pki/ca-trust/source/anchors',
+    extension: '.pem',
+    refresh: ['update-ca-trust', 'extract'],
+    packages: { 'update-ca-trust': 'ca-certificates', certutil: 'nss-tools' },
+  },
+  debian: {
+    anchorDir: '/usr/local/share/ca-certificates',
+    extension: '.crt', // update-ca-certificates only picks up *.crt
+    refresh: ['update-ca-certificates'],
+    packages: { 'update-ca-certificates': 'ca-certificates', certutil: 'libnss3-tools' },
+  },
+  arch: {
+    anchorDir: '/etc/ca-certificates/trust-source/anchors',
+    extension: '.crt',
+    refresh: ['trust', 'extract-compat'],
+    packages: { trust: 'p11-kit', certutil: 'nss' },
+  },
+  opensuse: {
+    anchorDir: '/usr/share/pki/trust/anchors',
+    extension: '.pem',
+    refresh: ['update-ca-certificates'],
+    packages: { 'update-ca-certificates': 'ca-certificates', certutil: 'mozilla-nss-tools' },
+  },
+};
+
+const MACOS_KEYCHAIN = '/Library/Keychains/System.keychain';
+const MACOS_PACKAGES: Record<string, string> = { certutil: 'nss (brew install nss)', security: 'macOS itself' };
+const PLATFORMS = ['debian', 'fedora', 'arch', 'opensuse', 'macos'] as const;
+
+export interface TrustCaIo {
+  stdout: { write(text: string): unknown };
+  stderr: { write(text: string): unknown };
+  env: NodeJS.ProcessEnv;
+}
+
+interface Options {
+  home?: string;
+  uninstall: boolean;
+  dryRun: boolean;
+  stores?: Store[];
+  nssDb?: string;
+  help: boolean;
+}
+
+/** Bad command line: one line on stderr, exit code 2. */
+class UsageError extends Error {}
+/** Something on this machine is missing or failed: one line on stderr, exit code 1. */
+class TrustError extends Error {}
+
+/** One change to one store, as the commands that make it. */
+interface Step {
+  store: string; // e.g. "system (debian)" or "nss sql:/home/u/.pki/nssdb"
+  touches: string; // the file or database it changes
+  commands: string[][];
+}
+
+/**
+ * `mitm-replay trust-ca [...]`; argv is what follows the subcommand name. Returns the exit code.
+ * io exists so tests can capture output and pass an environment without touching process.env.
+ */
+export async function runTrustCa(
+  argv: string[],
+  io: TrustCaIo = { stdout: process.stdout, stderr: process.stderr, env: process.env },
+): Promise<number> {
+  try {
+    const options = parseArguments(argv);
+    if (options.help) {
+      io.stdout.write(USAGE);
+      return 0;
+    }
+    return await trustCa(options, io);
+  } catch (err) {
+    if (err instanceof UsageError) {
+      io.stderr.write(`mitm-replay trust-ca: ${err.message} (see mitm-replay trust-ca --help)\n`);
+      return 2;
+    }
+    if (err instanceof TrustError) {
+      io.stderr.write(`mitm-replay trust-ca: ${err.message}\n`);
+      return 1;
+    }
+    throw err;
+  }
+}
+
+function parseArguments(argv: string[]): Options {
+  const options: Options = { uninstall: false, dryRun: false, help: false };
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!;
+    const [flag, inlineValue] = arg.startsWith('--') && arg.includes('=') ? [arg.slice(0, arg.indexOf('=')), arg.slice(arg.indexOf('=') + 1)] : [arg, undefined];
+    const value = (): string => {
+      const v = inlineValue ?? argv[++i];
+      if (v === undefined || v === '' || (inlineValue === undefined && v.startsWith('-'))) throw new UsageError(`${flag} needs a value`);
+      return v;
+    };
+    const noValue = (): void => {
+      if (inlineValue !== undefined) throw new UsageError(`${flag} takes no value`);
+    };
+    switch (flag) {
+      case '-h':
+      case '--help':
+        noValue();
+        options.help = true;
+        break;
+      case '--uninstall':
+        noValue();
+        options.uninstall = true;
+        break;
+      case '--dry-run':
+        noValue();
+        options.dryRun = true;
+        break;
+      case '--home':
+        options.home = value();
+        break;
+      case '--nss-db':
+        options.nssDb = value();
+        break;
+      case '--stores':
+        options.stores = parseStores(value());
+        break;
+      default:
+        throw new UsageError(arg.startsWith('-') ? `unknown option ${flag}` : `unexpected argument ${JSON.stringify(arg)}`);
+    }
+  }
+  return options;
+}
+
+function parseStores(list: string): Store[] {
+  const stores = list.split(',').map((s) => s.trim());
+  for (const store of stores) {
+    if (!STORES.includes(store as Store)) throw new UsageError(`unknown store ${JSON.stringify(store)} (known: ${STORES.join(', ')})`);
+  }
+  return [...new Set(stores as Store[])];
+}
+
+async function trustCa(options: Options, io: TrustCaIo): Promise<number> {
+  const platform = detectPlatform(io.env);
+  const home = resolveHome(options.home ?? io.env.MITM_REPLAY_HOME);
+  const nssDbs = options.nssDb !== undefined ? [explicitNssDb(options.nssDb)] : findNssDbs(io.env, platform);
+  // --nss-db names one database; installing into the system store as well would be a surprise.
+  const explicit = options.stores ?? (options.nssDb !== undefined ? ['nss'] : undefined);
+  const stores = explicit ?? STORES.filter((s) => (s === 'system' ? platform !== undefined : nssDbs.length > 0));
+  if (explicit?.includes('system') && !platform) {
+    throw new TrustError(`no supported system trust store on this OS (${process.platform}); use --stores nss, or per-process trust`);
+  }
+  if (explicit?.includes('nss') && nssDbs.length === 0) {
+    throw new TrustError('no NSS database found (~/.pki/nssdb, Firefox profiles); pass --nss-db DIR');
+  }
+  if (stores.length === 0) throw new TrustError('found no trust store to change on this machine; see --help');
+
+  // Uninstalling or planning must not create a CA; installing does.
+  let ca: CertificateAuthority | undefined = await loadAuthority(home);
+  if (!ca && options.uninstall) {
+    io.stdout.write(`No CA in ${home}, so nothing of it can be installed anywhere; nothing to do.\n`);
+    return 0;
+  }
+  const certPath = homePaths(home).caCert;
+  if (!ca && !options.dryRun) ca = await loadOrCreateAuthority(home);
+  // Files and nicknames carry the fingerprint so that CAs of different homes never overwrite each other.
+  const name = `mitm-replay-${ca ? certificateFingerprint(ca.certPem).slice(0, 8) : 'XXXXXXXX'}`;
+
+  const steps = [
+    ...(stores.includes('system') ? [systemStep(platform!, name, certPath, options.uninstall)] : []),
+    ...(stores.includes('nss') ? nssDbs.map((db) => nssStep(db, name, certPath, options.uninstall)) : []),
+  ];
+
+  if (options.dryRun) {
+    const lines = ['Dry run: nothing was changed.'];
+    if (!ca) lines.push(`No CA in ${home} yet; installing would create ${certPath}, and its fingerprint replaces XXXXXXXX below.`);
+    lines.push(options.uninstall ? 'trust-ca --uninstall would:' : 'trust-ca would:');
+    for (const step of steps) {
+      lines.push(`  ${step.store}: change ${step.touches}`);
+      for (const command of step.commands) lines.push(`    ${formatCommand(command)}`);
+    }
+    lines.push(perProcessNote());
+    io.stdout.write(lines.join('\n') + '\n');
+    return 0;
+  }
+
+  // Check every tool first, so a missing one never leaves some stores changed and others not.
+  const packages = platform === 'macos' ? MACOS_PACKAGES : platform ? LINUX_STORES[platform].packages : {};
+  for (const tool of new Set(steps.flatMap((s) => s.commands.map((c) => c[0]!)))) {
+    if (!findExecutable(tool, io.env)) {
+      const pkg = packages[tool] ?? (tool === 'certutil' ? 'the NSS tools' : tool === 'sudo' ? 'sudo, or run as root' : tool);
+      const hint = tool === 'certutil' && !explicit ? '; or pass --stores system' : '';
+      throw new TrustError(`${tool} not found; install ${pkg}${hint}`);
+    }
+  }
+
+  const changed: string[] = [];
+  for (const step of steps) {
+    if (options.uninstall && step.store.startsWith('nss') && !(await nssHas(step.touches, name, io.env))) {
+      continue; // certutil -D fails on a missing nickname; absent already is what we want
+    }
+    for (const command of step.commands) await run(command, io.env);
+    changed.push(`  ${step.store}: ${step.touches}`);
+  }
+  const subject = new X509Certificate(ca!.certPem).subject.replaceAll('\n', ', ');
+  if (changed.length === 0) {
+    io.stdout.write(`The CA (${subject}) was not in any of the stores; nothing changed.\n`);
+  } else {
+    io.stdout.write(`${options.uninstall ? 'Removed' : 'Installed'} the CA (${subject}, ${name}) ${options.uninstall ? 'from' : 'into'}:\n${changed.join('\n')}\n`);
+  }
+  io.stdout.write(perProcessNote() + '\n');
+  return 0;
+}
+
+function perProcessNote(): string {
+  return 'Per-process trust needs no install at all: `mitm-replay record` and `mitm-replay env` give the CA to the programs they start.';
+}
+
+function detectPlatform(env: NodeJS.ProcessEnv): Platform | undefined {
+  const forced = env.MITM_REPLAY_TRUST_PLATFORM;
+  if (forced) {
+    if (!PLATFORMS.includes(forced as Platform)) {
+      throw new UsageError(`MITM_REPLAY_TRUST_PLATFORM=${forced} is not one of ${PLATFORMS.join(', ')}`);
+    }
+    return forced as Platform;
+  }
+  if (process.platform === 'darwin') return 'macos';
+  if (process.platform !== 'linux') return undefined;
+  return (Object.keys(LINUX_STORES) as Array<keyof typeof LINUX_STORES>).find((p) => existsSync(LINUX_STORES[p].anchorDir));
+}
+
+function systemStep(platform: Platform, name: string, certPath: string, uninstall: boolean): Step {
+  // The system stores belong to root; sudo asks for the password on the terminal when we are not.
+  const asRoot = (command: string[]): string[] => (process.getuid?.() === 0 ? command : ['sudo', ...command]);
+  if (platform === 'macos') {
+    const command = uninstall
+      ? ['security', 'remove-trusted-cert', '-d', certPath]
+      : ['security', 'add-trusted-cert', '-d', '-k', MACOS_KEYCHAIN, certPath];
+    return { store: 'system (macos)', touches: MACOS_KEYCHAIN, commands: [asRoot(command)] };
+  }
+  const store = LINUX_STORES[platform];
+  const anchor = `${store.anchorDir}/${name}${store.extension}`;
+  const change = uninstall ? ['rm', '-f', anchor] : ['install', '-m', '0644', certPath, anchor];
+  return { store: `system (${platform})`, touches: anchor, commands: [asRoot(change), asRoot(store.refresh)] };
+}
+
+function nssStep(db: string, name: string, certPath: string, uninstall: boolean): Step {
+  const command = uninstall
+    ? ['certutil', '-D', '-d', db, '-n', name]
+    : ['certutil', '-A', '-d', db, '-t', 'C,,,', '-n', name, '-i', certPath];
+  return { store: `nss`, touches: db, commands: [command] };
+}
+
+/** Like mkcert: the user's shared NSS db (Chrome/Chromium on Linux) and every Firefox profile that has one. */
+function findNssDbs(env: NodeJS.ProcessEnv, platform: Platform | undefined): string[] {
+  const home = env.HOME || homedir();
+  const candidates = [join(home, '.pki/nssdb'), join(home, 'snap/chromium/current/.pki/nssdb')];
+  const profileRoots =
+    platform === 'macos'
+      ? [join(home, 'Library/Application Support/Firefox/Profiles')]
+      : [join(home, '.mozilla/firefox'), join(home, 'snap/firefox/common/.mozilla/firefox')];
+  for (const root of profileRoots) {
+    try {
+      for (const entry of readdirSync(root, { withFileTypes: true })) {
+        if (entry.isDirectory()) candidates.push(join(root, entry.name));
+      }
+    } catch {
+      // no Firefox here
+    }
+  }
+  // cert9.db is the SQLite format (Firefox 58+, all current NSS); the legacy cert8.db format is not supported.
+  return candidates.filter((dir) => existsSync(join(dir, 'cert9.db'))).map((dir) => `sql:${dir}`);
+}
+
+function explicitNssDb(arg: string): string {
+  const dir = resolve(arg.replace(/^sql:/, ''));
+  if (!existsSync(join(dir, 'cert9.db'))) {
+    throw new UsageError(`--nss-db ${dir} holds no NSS database (cert9.db); create one with: certutil -N -d sql:${dir} --empty-password`);
+  }
+  return `sql:${dir}`;
+}
+
+async function nssHas(db: string, name: string, env: NodeJS.ProcessEnv): Promise<boolean> {
+  try {
+    await promisify(execFile)('certutil', ['-L', '-d', db, '-n', name], { env });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+async function run(command: string[], env: NodeJS.ProcessEnv): Promise<void> {
+  try {
+    await promisify(execFile)(command[0]!, command.slice(1), { env });
+  } catch (err) {
+    const { stderr, message } = err as { stderr?: string; message: string };
+    const detail = (stderr?.trim() || message).split('\n').filter(Boolean).pop();
+    throw new TrustError(`\`${formatCommand(command)}\` failed: ${detail}`);
+  }
+}
+
+function findExecutable(tool: string, env: NodeJS.ProcessEnv): string | undefined {
+  for (const dir of (env.PATH ?? '').split(delimiter)) {
+    if (!dir) continue;
+    const candidate = join(dir, tool);
+    try {
+      accessSync(candidate, constants.X_OK);
+      return candidate;
+    } catch {
+      // not in this directory
+    }
+  }
+  return undefined;
+}
+
+/** Shell-style quoting, so what --dry-run prints can be pasted into a shell as is. */
+function formatCommand(command: string[]): string {
+  return command.map((arg) => (/^[\w@%+=:,./-]+$/.test(arg) ? arg : `'${arg.replaceAll("'", `'\\''`)}'`)).join(' ');
+}

@@ -1,0 +1,365 @@
+import { randomBytes, timingSafeEqual } from 'node:crypto';
+import { readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import net from 'node:net';
+import { loadOrCreateAuthority } from './ca/authority.js';
+import { LeafMinter } from './ca/leaf.js';
+import { Redactor, loadRuleSet, type RuleSet } from './capture/redact.js';
+import { TraceWriter } from './capture/recorder.js';
+import { createLogger, type Logger } from './log.js';
+import { ensureHome, type HomePaths } from './home.js';
+import type { ConnectToRule } from './proxy/connect-to.js';
+import type { LocalResponse } from './proxy/connection.js';
+import { ProxyListener } from './proxy/listener.js';
+import { SessionRegistry, type Session } from './proxy/sessions.js';
+import { UpstreamPool } from './proxy/upstream.js';
+import { FORMAT_VERSION, defaultTraceName, isValidTraceName, type TraceMeta } from './trace/schema.js';
+import { TraceStore, type TraceSummary } from './trace/store.js';
+
+export const VERSION = '0.1.0';
+
+export interface DaemonOptions {
+  home: string;
+  host?: string;
+  /** 0 picks an ephemeral port */
+  port?: number;
+  intercept: string[];
+  connectTo?: ConnectToRule[];
+  /** PEM contents of extra CAs trusted for upstream TLS */
+  upstreamCAs?: string[];
+  /** trace for traffic without session credentials (default: a new trace, created on first use) */
+  trace?: string;
+  redactRulesFile?: string;
+  /** LevelDB compression (tests switch it off to scan the files for plaintext) */
+  storeCompression?: boolean;
+  logger?: Logger;
+  /** started by `record` for its own duration rather than as a long-running service */
+  ephemeral?: boolean;
+}
+
+export interface DaemonState {
+  pid: number;
+  host: string;
+  port: number;
+  token: string;
+  startedAt: number;
+  version: string;
+  ephemeral: boolean;
+}
+
+export interface SessionRequest {
+  trace?: string;
+  force?: boolean;
+  source: TraceMeta['source'];
+  command?: string[];
+  cwd?: string;
+  ownerPid?: number;
+  keepsDaemonAlive?: boolean;
+}
+
+export interface SessionInfo {
+  trace: string;
+  token: string;
+  proxyUrl: string;
+  baseUrlPrefix: string;
+}
+
+export interface SessionEnd {
+  trace: string;
+  summary: TraceSummary;
+  writeErrors: number;
+}
+
+export class DaemonError extends Error {
+  constructor(
+    message: string,
+    readonly status: number,
+  ) {
+    super(message);
+  }
+}
+
+function sameSecret(a: string, b: string): boolean {
+  const left = Buffer.from(a);
+  const right = Buffer.from(b);
+  return left.length === right.length && timingSafeEqual(left, right);
+}
+
+/** Writes a file readable only by its owner, atomically. */
+export function writePrivateFile(path: string, content: string): void {
+  const temp = `${path}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`;
+  writeFileSync(temp, content, { mode: 0o600 });
+  renameSync(temp, path);
+}
+
+/**
+ * The recording daemon: one loopback listener, the CA, the store, the sessions. Usable from code;
+ * the `daemon` and `record` commands are thin views over it.
+ */
+export class Daemon {
+  readonly token = randomBytes(24).toString('base64url');
+  private anonymous: Promise<TraceWriter> | null = null;
+  private stopping: Promise<void> | null = null;
+  private ownerWatch: NodeJS.Timeout | null = null;
+  private idleWaiters: (() => void)[] = [];
+  port = 0;
+  host = '127.0.0.1';
+
+  private constructor(
+    readonly options: DaemonOptions,
+    readonly paths: HomePaths,
+    readonly store: TraceStore,
+    readonly redactor: Redactor,
+    readonly log: Logger,
+    readonly pool: UpstreamPool,
+    readonly listener: ProxyListener,
+    readonly anonymousTraceName: string,
+    readonly sessions: SessionRegistry,
+  ) {}
+
+  static async start(options: DaemonOptions): Promise<Daemon> {
+    const paths = ensureHome(options.home);
+    const log = options.logger ?? createLogger();
+    const rules: RuleSet = loadRuleSet(options.redactRulesFile ?? paths.redactRules, options.redactRulesFile === undefined);
+    const redactor = new Redactor(rules);
+    const ca = await loadOrCreateAuthority(options.home);
+    const minter = new LeafMinter(ca);
+    const store = await TraceStore.open(paths.store, { compression: options.storeCompression ?? process.env.MITM_REPLAY_STORE_COMPRESSION !== '0' });
+    const cutOff = await store.markOpenExchangesIncomplete();
+    if (cutOff > 0) log.warn({ exchanges: cutOff }, 'marked exchanges cut off by an earlier crash as incomplete');
+    const anonymousTraceName = options.trace ?? defaultTraceName();
+    if (!isValidTraceName(anonymousTraceName)) {
+      await store.close();
+      throw new DaemonError(`invalid trace name '${anonymousTraceName}': use 1-64 of A-Z a-z 0-9 . _ -`, 400);
+    }
+    let self: Daemon | null = null;
+    const sessions = new SessionRegistry();
+    const pool = new UpstreamPool({
+      connectTo: options.connectTo ?? [],
+      extraCAs: options.upstreamCAs ?? [],
+      isSelf: (host, port) => self?.isSelf(host, port) ?? false,
+    });
+    const listener = new ProxyListener({
+      pool,
+      minter,
+      sessions,
+      intercept: options.intercept,
+      log,
+      anonymousWriter: () => self!.anonymousWriter(),
+      control: (method, path, authorization, body) => self!.control(method, path, authorization, body),
+      isSelf: (host, port) => self?.isSelf(host, port) ?? false,
+    });
+    const daemon = new Daemon(options, paths, store, redactor, log, pool, listener, anonymousTraceName, sessions);
+    self = daemon;
+    try {
+      await daemon.listen(options.host ?? '127.0.0.1', options.port ?? 8877);
+    } catch (err) {
+      await store.close();
+      const code = (err as { code?: string }).code;
+      if (code === 'EADDRINUSE') throw new DaemonError(`${options.host ?? '127.0.0.1'}:${options.port} is already in use: stop what listens there or pick another with --listen`, 409);
+      throw err;
+    }
+    if (options.trace !== undefined && (await store.getTrace(options.trace))) {
+      // Restarted with the same --trace (after a crash, say): continue that trace and note the restart.
+      daemon.anonymous = daemon.openWriter(options.trace, { source: 'daemon' }, 'resume');
+      await daemon.anonymous;
+    }
+    daemon.writeState();
+    daemon.ownerWatch = setInterval(() => daemon.reapDeadOwners(), 1000);
+    daemon.ownerWatch.unref();
+    log.info({ listen: `${daemon.host}:${daemon.port}`, home: options.home, trace: anonymousTraceName, intercept: options.intercept.length }, 'mitm-replay daemon listening');
+    return daemon;
+  }
+
+  private async listen(host: string, port: number): Promise<void> {
+    const server = this.listener.server;
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen({ host, port }, () => {
+        server.removeListener('error', reject);
+        resolve();
+      });
+    });
+    const address = server.address() as net.AddressInfo;
+    this.host = address.address;
+    this.port = address.port;
+  }
+
+  get url(): string {
+    return `http://${net.isIPv6(this.host) ? `[${this.host}]` : this.host}:${this.port}`;
+  }
+
+  get state(): DaemonState {
+    return { pid: process.pid, host: this.host, port: this.port, token: this.token, startedAt: Date.now(), version: VERSION, ephemeral: this.options.ephemeral ?? false };
+  }
+
+  private writeState(): void {
+    writePrivateFile(this.paths.stateFile, `${JSON.stringify(this.state, null, 2)}\n`);
+  }
+
+  private removeState(): void {
+    try {
+      const current = JSON.parse(readFileSync(this.paths.stateFile, 'utf8')) as DaemonState;
+      if (current.pid === process.pid && current.port === this.port) rmSync(this.paths.stateFile, { force: true });
+    } catch {
+      // no state file, or not ours
+    }
+  }
+
+  /** True for this daemon's own listening address (any loopback or unspecified alias of it). */
+  isSelf(host: string, port: number): boolean {
+    if (port !== this.port) return false;
+    const normal = host.toLowerCase().replace(/^\[(.*)\]$/, '$1');
+    const loopback = normal === 'localhost' || normal === '::1' || normal.startsWith('127.') || normal === '0.0.0.0' || normal === '::';
+    return normal === this.host || (loopback && (this.host.startsWith('127.') || this.host === '::1' || this.host === '0.0.0.0' || this.host === '::'));
+  }
+
+  private baseMeta(name: string, source: TraceMeta['source']): TraceMeta {
+    return {
+      name,
+      formatVersion: FORMAT_VERSION,
+      createdAt: Date.now(),
+      mode: 'record',
+      source,
+      intercept: this.options.intercept,
+      redaction: this.redactor.rules,
+      restarts: [],
+    };
+  }
+
+  private async openWriter(name: string, init: Partial<TraceMeta> & { source: TraceMeta['source'] }, existing: 'resume' | 'replace' | 'refuse'): Promise<TraceWriter> {
+    const found = await this.store.getTrace(name);
+    if (found && existing === 'refuse') {
+      throw new DaemonError(`trace '${name}' already exists: pick another name with --trace, or pass --force to replace it`, 409);
+    }
+    if (found && existing === 'resume') {
+      const meta: TraceMeta = { ...found, restarts: [...found.restarts, Date.now()] };
+      delete meta.finishedAt;
+      await this.store.putTrace(meta);
+      this.log.info({ trace: name }, 'continuing an existing trace after a restart');
+      return new TraceWriter(this.store, meta, (await this.store.lastSeq(name)) + 1, this.redactor);
+    }
+    if (found) await this.store.deleteTrace(name);
+    const meta: TraceMeta = { ...this.baseMeta(name, init.source), ...init };
+    await this.store.putTrace(meta);
+    return new TraceWriter(this.store, meta, 0, this.redactor);
+  }
+
+  anonymousWriter(): Promise<TraceWriter> {
+    this.anonymous ??= this.openWriter(this.anonymousTraceName, { source: 'daemon' }, 'resume');
+    return this.anonymous;
+  }
+
+  async registerSession(request: SessionRequest): Promise<SessionInfo> {
+    if (this.stopping) throw new DaemonError('the daemon is shutting down', 503);
+    const name = request.trace ?? defaultTraceName();
+    if (!isValidTraceName(name)) throw new DaemonError(`invalid trace name '${name}': use 1-64 of A-Z a-z 0-9 . _ - (not 'last')`, 400);
+    if (this.sessions.get(name)) throw new DaemonError(`trace '${name}' is being recorded by a live session: pick another name with --trace`, 409);
+    if (name === this.anonymousTraceName && this.anonymous) throw new DaemonError(`trace '${name}' is the daemon's trace for anonymous traffic: pick another name with --trace`, 409);
+    const writer = await this.openWriter(name, { source: request.source, command: request.command, cwd: request.cwd }, request.force ? 'replace' : 'refuse');
+    const session: Session = {
+      trace: name,
+      token: SessionRegistry.newToken(),
+      writer,
+      createdAt: Date.now(),
+      ownerPid: request.ownerPid,
+      keepsDaemonAlive: request.keepsDaemonAlive ?? false,
+    };
+    this.sessions.add(session);
+    this.log.info({ trace: name, source: request.source }, 'session started');
+    return this.sessionInfo(session);
+  }
+
+  sessionInfo(session: Session): SessionInfo {
+    const credentials = `${encodeURIComponent(session.trace)}:${encodeURIComponent(session.token)}`;
+    const host = net.isIPv6(this.host) ? `[${this.host}]` : this.host;
+    return {
+      trace: session.trace,
+      token: session.token,
+      proxyUrl: `http://${credentials}@${host}:${this.port}`,
+      baseUrlPrefix: `${this.url}/__mitm-replay/b/${credentials}`,
+    };
+  }
+
+  async endSession(trace: string, result: { exitCode?: number; signal?: string } = {}): Promise<SessionEnd> {
+    const session = this.sessions.remove(trace);
+    if (!session) throw new DaemonError(`no live session named '${trace}'`, 404);
+    await session.writer.finish({ exitCode: result.exitCode, signal: result.signal });
+    this.log.info({ trace }, 'session ended');
+    this.notifyIfIdle();
+    return { trace, summary: await this.store.summarize(trace), writeErrors: session.writer.writeErrors };
+  }
+
+  /** Sessions whose owning process died end on their own, so a crashed `record` does not pin the daemon. */
+  private reapDeadOwners(): void {
+    for (const session of this.sessions.all()) {
+      if (session.ownerPid === undefined || session.ownerPid === process.pid) continue;
+      try {
+        process.kill(session.ownerPid, 0);
+      } catch {
+        this.log.warn({ trace: session.trace, pid: session.ownerPid }, 'session owner exited without ending its session');
+        void this.endSession(session.trace).catch(() => undefined);
+      }
+    }
+  }
+
+  private notifyIfIdle(): void {
+    if (this.sessions.all().some((s) => s.keepsDaemonAlive)) return;
+    const waiters = this.idleWaiters;
+    this.idleWaiters = [];
+    for (const resolve of waiters) resolve();
+  }
+
+  /** Resolves when no session that keeps the daemon alive remains (used by `record`'s in-process daemon). */
+  whenIdle(): Promise<void> {
+    if (!this.sessions.all().some((s) => s.keepsDaemonAlive)) return Promise.resolve();
+    return new Promise((resolve) => this.idleWaiters.push(resolve));
+  }
+
+  async control(method: string, path: string, authorization: string | undefined, body: Buffer): Promise<LocalResponse> {
+    const json = (status: number, value: unknown): LocalResponse => ({ status, headers: { 'content-type': 'application/json' }, body: `${JSON.stringify(value)}\n` });
+    const bearer = /^Bearer\s+(\S+)$/i.exec(authorization ?? '')?.[1];
+    if (!bearer || !sameSecret(bearer, this.token)) return json(401, { error: 'the control API needs the token from the daemon state file' });
+    try {
+      if (method === 'GET' && path === '/health') return json(200, { ok: true, pid: process.pid, version: VERSION, sessions: this.sessions.all().length });
+      if (method === 'POST' && path === '/sessions') {
+        const request = JSON.parse(body.toString('utf8') || '{}') as SessionRequest;
+        return json(201, await this.registerSession(request));
+      }
+      const end = /^\/sessions\/([^/]+)\/end$/.exec(path);
+      if (method === 'POST' && end) {
+        const result = JSON.parse(body.toString('utf8') || '{}') as { exitCode?: number; signal?: string };
+        return json(200, await this.endSession(decodeURIComponent(end[1]!), result));
+      }
+      return json(404, { error: `no control endpoint ${method} ${path}` });
+    } catch (err) {
+      if (err instanceof DaemonError) return json(err.status, { error: err.message });
+      if (err instanceof SyntaxError) return json(400, { error: 'request body is not JSON' });
+      this.log.error({ err: (err as Error).message }, 'control request failed');
+      return json(500, { error: (err as Error).message });
+    }
+  }
+
+  /** Stops accepting, marks in-flight exchanges incomplete, closes every trace and the store. */
+  stop(): Promise<void> {
+    this.stopping ??= (async () => {
+      if (this.ownerWatch) clearInterval(this.ownerWatch);
+      this.removeState();
+      const closed = new Promise<void>((resolve) => this.listener.server.close(() => resolve()));
+      for (const session of this.sessions.all()) {
+        this.sessions.remove(session.trace);
+        await session.writer.finish({});
+      }
+      if (this.anonymous) {
+        const writer = await this.anonymous.catch(() => null);
+        if (writer) await writer.finish({});
+      }
+      this.listener.destroyAll();
+      this.pool.close();
+      await closed;
+      await this.store.close();
+      this.notifyIfIdle();
+      this.log.info('mitm-replay daemon stopped');
+    })();
+    return this.stopping;
+  }
+}

@@ -1,0 +1,325 @@
+import net from 'node:net';
+import tls from 'node:tls';
+import { recordConnectionError, recordTunnel, type TraceWriter } from '../capture/recorder.js';
+import type { LeafMinter } from '../ca/leaf.js';
+import type { Logger } from '../log.js';
+import type { Origin } from '../trace/schema.js';
+import { HttpConnection, localResponseBytes, type Dispatch, type LocalResponse } from './connection.js';
+import { headerValue, type RequestHead } from './http1.js';
+import { isIntercepted } from './intercept.js';
+import type { SessionLookup, SessionRegistry } from './sessions.js';
+import type { UpstreamPool } from './upstream.js';
+
+/** Paths on the daemon's own listener. */
+export const BASE_ROUTE_PREFIX = '/__mitm-replay/b/';
+export const CONTROL_PREFIX = '/__mitm-replay/api/';
+
+export interface ListenerDeps {
+  pool: UpstreamPool;
+  minter: LeafMinter;
+  sessions: SessionRegistry;
+  intercept: string[];
+  log: Logger;
+  /** the trace for traffic without session credentials */
+  anonymousWriter: () => Promise<TraceWriter>;
+  control: (method: string, path: string, authorization: string | undefined, body: Buffer) => Promise<LocalResponse>;
+  /** true when host:port is this daemon's own listening address */
+  isSelf: (host: string, port: number) => boolean;
+}
+
+function proxyAuthRequired(reason: string): LocalResponse {
+  return {
+    status: 407,
+    headers: { 'proxy-authenticate': 'Basic realm="mitm-replay"' },
+    body: `mitm-replay: ${reason}\n`,
+    close: true,
+  };
+}
+
+function refuse(status: number, message: string): Dispatch {
+  return { kind: 'local', respond: () => ({ status, body: `mitm-replay: ${message}\n`, close: true }) };
+}
+
+/** `host:port`, `[v6]:port` → parts; null when malformed. */
+export function parseAuthority(authority: string, defaultPort?: number): { host: string; port: number } | null {
+  const match = /^(\[[0-9A-Fa-f:.]+\]|[^:[\]\s/]+)(?::(\d{1,5}))?$/.exec(authority);
+  if (!match) return null;
+  const host = match[1]!.replace(/^\[(.*)\]$/, '$1').toLowerCase();
+  const port = match[2] === undefined ? defaultPort : Number(match[2]);
+  if (port === undefined || !Number.isInteger(port) || port < 1 || port > 65535) return null;
+  if (!net.isIP(host) && !/^[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*\.?$/.test(host)) return null;
+  return { host, port };
+}
+
+function defaultPort(scheme: 'http' | 'https'): number {
+  return scheme === 'https' ? 443 : 80;
+}
+
+export function hostHeaderFor(origin: Origin): string {
+  const host = net.isIPv6(origin.host) ? `[${origin.host}]` : origin.host;
+  return origin.port === defaultPort(origin.scheme) ? host : `${host}:${origin.port}`;
+}
+
+/**
+ * The daemon's front door: one plain-TCP listener serving CONNECT (intercepted or tunnelled), absolute-form
+ * proxy requests, the base-URL route for SDKs that ignore HTTPS_PROXY, and the control API.
+ */
+export class ProxyListener {
+  readonly server: net.Server;
+  private readonly sockets = new Set<net.Socket>();
+
+  constructor(private readonly deps: ListenerDeps) {
+    this.server = net.createServer((socket) => this.accept(socket));
+  }
+
+  get openConnections(): number {
+    return this.sockets.size;
+  }
+
+  private track(socket: net.Socket): void {
+    this.sockets.add(socket);
+    socket.once('close', () => this.sockets.delete(socket));
+  }
+
+  private accept(socket: net.Socket): void {
+    this.track(socket);
+    const connection = new HttpConnection(socket, { pool: this.deps.pool, log: this.deps.log, dispatch: (head) => this.dispatch(head) });
+    void connection.run();
+  }
+
+  destroyAll(): void {
+    for (const socket of this.sockets) socket.destroy();
+  }
+
+  private async writerFor(lookup: SessionLookup): Promise<TraceWriter> {
+    return lookup.kind === 'session' ? lookup.session.writer : this.deps.anonymousWriter();
+  }
+
+  private async dispatch(head: RequestHead): Promise<Dispatch> {
+    if (head.method === 'CONNECT') return this.dispatchConnect(head);
+    if (head.target.startsWith(CONTROL_PREFIX)) {
+      const authorization = headerValue(head, 'authorization');
+      return { kind: 'local', respond: (body) => this.deps.control(head.method, head.target.slice(CONTROL_PREFIX.length - 1), authorization, body) };
+    }
+    if (head.target.startsWith(BASE_ROUTE_PREFIX)) return this.dispatchBaseRoute(head);
+    if (/^https?:\/\//i.test(head.target)) return this.dispatchAbsolute(head);
+    return refuse(400, `this is the mitm-replay proxy; send requests through it as a proxy (HTTPS_PROXY=http://${'127.0.0.1'}:PORT) or see 'mitm-replay env'`);
+  }
+
+  private async dispatchAbsolute(head: RequestHead): Promise<Dispatch> {
+    const lookup = this.deps.sessions.checkProxyAuthorization(headerValue(head, 'proxy-authorization'));
+    if (lookup.kind === 'rejected') return { kind: 'local', respond: () => proxyAuthRequired(lookup.reason) };
+    let url: URL;
+    try {
+      url = new URL(head.target);
+    } catch {
+      return refuse(400, `malformed request target '${head.target.slice(0, 200)}'`);
+    }
+    const scheme = url.protocol === 'https:' ? 'https' : 'http';
+    const origin: Origin = { scheme, host: url.hostname.replace(/^\[(.*)\]$/, '$1').toLowerCase(), port: url.port ? Number(url.port) : defaultPort(scheme) };
+    if (this.deps.isSelf(origin.host, origin.port)) return refuse(403, `refusing to proxy a request to the proxy itself (${origin.host}:${origin.port})`);
+    const target = `${url.pathname}${url.search}`;
+    const writer = isIntercepted(this.deps.intercept, origin.host) ? await this.writerFor(lookup) : null;
+    return {
+      kind: 'forward',
+      origin,
+      route: 'proxy',
+      writer,
+      target,
+      requestLine: `${head.method} ${target} ${head.version}`,
+      clientTarget: head.target,
+    };
+  }
+
+  /**
+   * `/__mitm-replay/b/<TRACE:TOKEN or ->/<scheme>/<host[:port]>/<path>`: a plain-HTTP route that forwards to the
+   * real origin, for clients (Node 20's fetch, so the OpenAI and Anthropic SDKs) that ignore HTTPS_PROXY.
+   * The stored request is what the origin receives: its path and Host, as if it came through CONNECT.
+   */
+  private async dispatchBaseRoute(head: RequestHead): Promise<Dispatch> {
+    const rest = head.target.slice(BASE_ROUTE_PREFIX.length);
+    const match = /^([^/]+)\/(https?)\/([^/?#]+)(\/[^#]*)?$/.exec(rest);
+    if (!match) return refuse(400, `malformed base-URL route (expected ${BASE_ROUTE_PREFIX}CREDENTIALS/https/HOST/PATH)`);
+    const [, credentials, schemeText, authority, pathAndQuery] = match;
+    let lookup: SessionLookup = { kind: 'anonymous' };
+    if (credentials !== '-') {
+      const colon = credentials!.indexOf(':');
+      lookup = colon < 0 ? { kind: 'rejected', reason: 'malformed session in base-URL route' } : this.deps.sessions.check(safeDecode(credentials!.slice(0, colon)), safeDecode(credentials!.slice(colon + 1)));
+    }
+    if (lookup.kind === 'rejected') return { kind: 'local', respond: () => proxyAuthRequired(lookup.reason) };
+    const scheme = schemeText as 'http' | 'https';
+    const parsed = parseAuthority(authority!, defaultPort(scheme));
+    if (!parsed) return refuse(400, `malformed host '${authority}' in base-URL route`);
+    const origin: Origin = { scheme, ...parsed };
+    if (this.deps.isSelf(origin.host, origin.port)) return refuse(403, 'refusing to route a request to the proxy itself');
+    const target = pathAndQuery ?? '/';
+    const writer = isIntercepted(this.deps.intercept, origin.host) ? await this.writerFor(lookup) : null;
+    return {
+      kind: 'forward',
+      origin,
+      route: 'base-url',
+      writer,
+      target,
+      requestLine: `${head.method} ${target} ${head.version}`,
+      replace: new Map([['host', hostHeaderFor(origin)]]),
+      clientTarget: head.target.replace(/^(\/__mitm-replay\/b\/)[^/]+/, '$1…'),
+    };
+  }
+
+  private async dispatchConnect(head: RequestHead): Promise<Dispatch> {
+    const lookup = this.deps.sessions.checkProxyAuthorization(headerValue(head, 'proxy-authorization'));
+    if (lookup.kind === 'rejected') return { kind: 'local', respond: () => proxyAuthRequired(lookup.reason) };
+    const target = parseAuthority(head.target);
+    if (!target) return refuse(400, `CONNECT target '${head.target.slice(0, 200)}' is not host:port`);
+    if (this.deps.isSelf(target.host, target.port)) return refuse(403, `refusing to CONNECT to the proxy itself (${target.host}:${target.port})`);
+    const writer = await this.writerFor(lookup);
+    if (isIntercepted(this.deps.intercept, target.host)) {
+      return { kind: 'handoff', take: (socket, leftover) => void this.intercept(socket, leftover, target, writer) };
+    }
+    return { kind: 'handoff', take: (socket, leftover) => void this.tunnel(socket, leftover, target, writer) };
+  }
+
+  private async intercept(socket: net.Socket, leftover: Buffer, target: { host: string; port: number }, writer: TraceWriter): Promise<void> {
+    const origin: Origin = { scheme: 'https', host: target.host, port: target.port };
+    socket.write('HTTP/1.1 200 Connection Established\r\n\r\n');
+    if (leftover.length > 0) socket.unshift(leftover);
+    const first = await firstByte(socket);
+    if (first === null) {
+      socket.destroy();
+      return;
+    }
+    if (first !== 0x16) {
+      // Not a TLS handshake: record the failure rather than guessing.
+      recordConnectionError(writer, origin, 'connect', { code: 'not-tls', message: `the client sent ${first === 0x47 || first === 0x50 ? 'plain HTTP' : 'bytes that are not a TLS ClientHello'} inside a CONNECT tunnel to ${target.host}:${target.port}`, phase: 'tls' });
+      socket.destroy();
+      return;
+    }
+    let context: tls.SecureContext;
+    try {
+      context = await this.deps.minter.secureContextFor(target.host);
+    } catch (err) {
+      recordConnectionError(writer, origin, 'connect', { code: 'mint-failed', message: (err as Error).message, phase: 'tls' });
+      socket.destroy();
+      return;
+    }
+    const tlsSocket = new tls.TLSSocket(socket, {
+      isServer: true,
+      secureContext: context,
+      ALPNProtocols: ['http/1.1'],
+      SNICallback: (servername, done) => {
+        this.deps.minter.secureContextFor(servername || target.host).then(
+          (ctx) => done(null, ctx),
+          (err: Error) => done(err),
+        );
+      },
+    });
+    this.track(tlsSocket);
+    tlsSocket.once('error', (err: Error & { code?: string }) => {
+      if (!tlsSocket.encrypted || !(tlsSocket as unknown as { _secureEstablished?: boolean })._secureEstablished) {
+        recordConnectionError(writer, origin, 'connect', { code: err.code ?? 'tls-error', message: `TLS handshake with the client failed: ${err.message}`, phase: 'tls' });
+      }
+      socket.destroy();
+    });
+    tlsSocket.once('secure', () => {
+      const connection = new HttpConnection(tlsSocket, {
+        pool: this.deps.pool,
+        log: this.deps.log,
+        dispatch: (head) => this.dispatchIntercepted(head, origin, writer),
+      });
+      void connection.run();
+    });
+  }
+
+  private dispatchIntercepted(head: RequestHead, origin: Origin, writer: TraceWriter): Dispatch {
+    let target = head.target;
+    if (/^https?:\/\//i.test(target)) {
+      try {
+        const url = new URL(target);
+        target = `${url.pathname}${url.search}`;
+      } catch {
+        return refuse(400, 'malformed request target');
+      }
+    }
+    if (!target.startsWith('/') && !(head.method === 'OPTIONS' && target === '*')) return refuse(400, 'malformed request target');
+    return {
+      kind: 'forward',
+      origin,
+      route: 'connect',
+      writer,
+      target,
+      requestLine: target === head.target ? undefined : `${head.method} ${target} ${head.version}`,
+      clientTarget: target === head.target ? undefined : head.target,
+    };
+  }
+
+  /** A host outside the intercept policy: bytes pass untouched; the trace keeps host, port, sizes and timing. */
+  private async tunnel(socket: net.Socket, leftover: Buffer, target: { host: string; port: number }, writer: TraceWriter): Promise<void> {
+    const origin: Origin = { scheme: 'https', host: target.host, port: target.port };
+    const startedAt = Date.now();
+    const t0 = performance.now();
+    let upstream: net.Socket;
+    try {
+      upstream = await this.deps.pool.dial(false, target.host, target.port);
+    } catch (err) {
+      const message = (err as Error).message;
+      recordTunnel(writer, origin, startedAt, { bytesUp: 0, bytesDown: 0, durationMs: performance.now() - t0 }, { code: (err as { code?: string }).code ?? 'EUPSTREAM', message, phase: 'connect' });
+      socket.end(localResponseBytes({ status: 502, body: `mitm-replay: ${message}\n`, close: true }));
+      return;
+    }
+    this.track(upstream);
+    socket.write('HTTP/1.1 200 Connection Established\r\n\r\n');
+    let bytesUp = leftover.length;
+    let bytesDown = 0;
+    if (leftover.length > 0) upstream.write(leftover);
+    socket.on('data', (d: Buffer) => (bytesUp += d.length));
+    upstream.on('data', (d: Buffer) => (bytesDown += d.length));
+    socket.pipe(upstream);
+    upstream.pipe(socket);
+    let recorded = false;
+    const finish = () => {
+      if (recorded) return;
+      recorded = true;
+      socket.destroy();
+      upstream.destroy();
+      recordTunnel(writer, origin, startedAt, { bytesUp, bytesDown, durationMs: Math.round(performance.now() - t0) });
+    };
+    socket.once('close', finish);
+    upstream.once('close', finish);
+    socket.on('error', finish);
+    upstream.on('error', finish);
+  }
+}
+
+function safeDecode(text: string): string {
+  try {
+    return decodeURIComponent(text);
+  } catch {
+    return text;
+  }
+}
+
+/** Waits for the first byte of a socket and puts it back; null if the socket closed first. */
+function firstByte(socket: net.Socket): Promise<number | null> {
+  return new Promise((resolve) => {
+    const onReadable = () => {
+      const chunk = socket.read() as Buffer | null;
+      if (chunk === null) return;
+      cleanup();
+      socket.unshift(chunk);
+      resolve(chunk[0]!);
+    };
+    const onClose = () => {
+      cleanup();
+      resolve(null);
+    };
+    const cleanup = () => {
+      socket.removeListener('readable', onReadable);
+      socket.removeListener('close', onClose);
+      socket.removeListener('end', onClose);
+    };
+    socket.on('readable', onReadable);
+    socket.once('close', onClose);
+    socket.once('end', onClose);
+    onReadable();
+  });
+}
