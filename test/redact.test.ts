@@ -323,8 +323,12 @@ describe('redactBody: JSON paths', () => {
       .replace('"b"', P('$.list[1]'));
     expect(out.toString()).toBe(expected);
     expect(JSON.parse(out.toString()).flag).toEqual({ password: true }); // only strings and numbers are replaced
-    expect(fired).toContainEqual({ rule: 'json:$.items[*].secret', where: 'response.body:$.items[0].secret' });
-    expect(fired).toContainEqual({ rule: 'json:$..password', where: 'response.body:$.deep.a[1].x.password' });
+    // Array indices are collapsed so that a rule firing in every element of a big array is one entry.
+    expect(fired.filter((f) => f.rule === 'json:$.items[*].secret')).toEqual([
+      { rule: 'json:$.items[*].secret', where: 'response.body:$.items[*].secret' },
+    ]);
+    expect(fired).toContainEqual({ rule: 'json:$..password', where: 'response.body:$.deep.a[*].x.password' });
+    expect(fired).toContainEqual({ rule: 'json:$..password', where: 'response.body:$.deep.a[*].password' });
     expect(fired).toContainEqual({ rule: "json:$['odd key']", where: "response.body:$['odd key']" });
     expectNoSecret(fired, 't-123', 'p1', 'top');
   });

@@ -15,7 +15,10 @@ import { brotliDecompressSync, gunzipSync, inflateRawSync, inflateSync } from 'n
 export interface UserRules {
   /** Extra header names (case-insensitive) whose values are secret. */
   headers?: string[];
-  /** Applied to query strings and bodies (not to header values). */
+  /**
+   * Applied to query strings (raw, still percent-encoded) and bodies, not to header values. Bodies are matched
+   * as latin1 text (one char per byte), so write non-ASCII literals as their UTF-8 bytes, e.g. "\\xc3\\xa9" for é.
+   */
   patterns?: { name: string; regex: string; flags?: string }[];
   /** E.g. "$.credentials.token", "$.items[*].secret", "$..password"; the string/number value there is replaced. */
   jsonPaths?: string[];
@@ -303,10 +306,14 @@ function pathMatches(segs: PathSeg[], path: ConcretePath, si = 0, pi = 0): boole
   return false;
 }
 
+/**
+ * The manifest's location of a JSON-path hit. Array indices become [*]: a rule firing in each of 100k array
+ * elements is one manifest entry, not 100k.
+ */
 function formatPath(path: ConcretePath): string {
   let out = '$';
   for (const key of path) {
-    if (typeof key === 'number') out += `[${key}]`;
+    if (typeof key === 'number') out += '[*]';
     else if (/^[A-Za-z_$][A-Za-z0-9_$]*$/.test(key)) out += `.${key}`;
     else out += `['${key}']`;
   }
@@ -723,9 +730,10 @@ export class Redactor {
   }
 
   /**
-   * Splices spans into `text` (latin1 byte text when `latin1`) in one pass. Leftmost wins, then longest (so a JSON-path value or a header value
-   * swallows key shapes inside it). A span partly overlapping an earlier one (possible with user regexes) has its
-   * remainder redacted too, so no tail of a secret survives.
+   * Splices spans into `text` (latin1 byte text when `latin1`) in one pass. Leftmost wins, then longest (so a
+   * JSON-path value or a header value swallows key shapes inside it). A span partly overlapping an earlier one
+   * (possible with user regexes) has its remainder redacted too, so no tail of a secret survives. Firings are
+   * deduplicated by (rule, where).
    */
   private apply(text: string, spans: Span[], latin1: boolean): { text: string; fired: Firing[] } {
     spans.sort((a, b) => a.start - b.start || b.end - a.end);
@@ -738,10 +746,10 @@ export class Redactor {
       const replacement = latin1 && /[^\x00-\x7f]/.test(s.replacement) ? Buffer.from(s.replacement).toString('latin1') : s.replacement;
       out.push(text.slice(pos, Math.max(s.start, pos)), replacement);
       pos = s.end;
-      if (s.where === '') continue;
+      const key = `${s.rule}\0${s.where}`;
+      if (s.where === '' || fired.has(key)) continue;
       // `where` can carry names taken from the traffic (JSON keys, parameter names): scrub it as well.
-      const where = this.redactText(s.where);
-      fired.set(`${s.rule}\0${where}`, { rule: s.rule, where });
+      fired.set(key, { rule: s.rule, where: this.redactText(s.where) });
     }
     out.push(text.slice(pos));
     return { text: out.join(''), fired: [...fired.values()] };

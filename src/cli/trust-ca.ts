@@ -92,8 +92,6 @@ interface Options {
 
 /** Bad command line: one line on stderr, exit code 2. */
 class UsageError extends Error {}
-/** Something on this machine is missing or failed: one line on stderr, exit code 1. */
-class TrustError extends Error {}
 
 /** One change to one store, as the commands that make it. */
 interface Step {
@@ -122,11 +120,9 @@ export async function runTrustCa(
       io.stderr.write(`mitm-replay trust-ca: ${err.message} (see mitm-replay trust-ca --help)\n`);
       return 2;
     }
-    if (err instanceof TrustError) {
-      io.stderr.write(`mitm-replay trust-ca: ${err.message}\n`);
-      return 1;
-    }
-    throw err;
+    // Anything else (a tool missing or failing, an unreadable CA) is one line too, exit code 1.
+    io.stderr.write(`mitm-replay trust-ca: ${(err as Error).message.split('\n')[0]}\n`);
+    return 1;
   }
 }
 
@@ -189,12 +185,12 @@ async function trustCa(options: Options, io: TrustCaIo): Promise<number> {
   const explicit = options.stores ?? (options.nssDb !== undefined ? ['nss'] : undefined);
   const stores = explicit ?? STORES.filter((s) => (s === 'system' ? platform !== undefined : nssDbs.length > 0));
   if (explicit?.includes('system') && !platform) {
-    throw new TrustError(`no supported system trust store on this OS (${process.platform}); use --stores nss, or per-process trust`);
+    throw new Error(`no supported system trust store on this OS (${process.platform}); use --stores nss, or per-process trust`);
   }
   if (explicit?.includes('nss') && nssDbs.length === 0) {
-    throw new TrustError('no NSS database found (~/.pki/nssdb, Firefox profiles); pass --nss-db DIR');
+    throw new Error('no NSS database found (~/.pki/nssdb, Firefox profiles); pass --nss-db DIR');
   }
-  if (stores.length === 0) throw new TrustError('found no trust store to change on this machine; see --help');
+  if (stores.length === 0) throw new Error('found no trust store to change on this machine; see --help');
 
   // Uninstalling or planning must not create a CA; installing does.
   let ca: CertificateAuthority | undefined = await loadAuthority(home);
@@ -231,7 +227,7 @@ async function trustCa(options: Options, io: TrustCaIo): Promise<number> {
     if (!findExecutable(tool, io.env)) {
       const pkg = packages[tool] ?? (tool === 'certutil' ? 'the NSS tools' : tool === 'sudo' ? 'sudo, or run as root' : tool);
       const hint = tool === 'certutil' && !explicit ? '; or pass --stores system' : '';
-      throw new TrustError(`${tool} not found; install ${pkg}${hint}`);
+      throw new Error(`${tool} not found; install ${pkg}${hint}`);
     }
   }
 
@@ -336,7 +332,7 @@ async function run(command: string[], env: NodeJS.ProcessEnv): Promise<void> {
   } catch (err) {
     const { stderr, message } = err as { stderr?: string; message: string };
     const detail = (stderr?.trim() || message).split('\n').filter(Boolean).pop();
-    throw new TrustError(`\`${formatCommand(command)}\` failed: ${detail}`);
+    throw new Error(`\`${formatCommand(command)}\` failed: ${detail}`);
   }
 }
 

@@ -214,13 +214,20 @@ export class ProxyListener {
       },
     });
     this.track(tlsSocket);
+    let secured = false;
+    let failure: { code: string; message: string } | null = null;
     tlsSocket.once('error', (err: Error & { code?: string }) => {
-      if (!tlsSocket.encrypted || !(tlsSocket as unknown as { _secureEstablished?: boolean })._secureEstablished) {
-        recordConnectionError(writer, origin, 'connect', { code: err.code ?? 'tls-error', message: `TLS handshake with the client failed: ${err.message}`, phase: 'tls' });
-      }
+      if (!secured) failure = { code: err.code ?? 'tls-error', message: `TLS handshake with the client failed: ${err.message}` };
       socket.destroy();
     });
+    tlsSocket.once('close', () => {
+      if (secured) return;
+      // A handshake that never finished (an error, or the client closing midway) is recorded, not dropped.
+      const { code, message } = failure ?? { code: 'tls-handshake-incomplete', message: 'the client closed the connection before the TLS handshake completed' };
+      recordConnectionError(writer, origin, 'connect', { code, message, phase: 'tls' });
+    });
     tlsSocket.once('secure', () => {
+      secured = true;
       const connection = new HttpConnection(tlsSocket, {
         pool: this.deps.pool,
         log: this.deps.log,
