@@ -280,13 +280,20 @@ export class Daemon {
     };
   }
 
-  async endSession(trace: string, result: { exitCode?: number; signal?: string } = {}): Promise<SessionEnd> {
+  /**
+   * Ends a session and closes its trace. `notify: false` leaves waking `whenIdle()` to the caller, so a control
+   * request is answered before an in-process daemon that was waiting for it stops.
+   */
+  async endSession(trace: string, result: { exitCode?: number; signal?: string } = {}, notify = true): Promise<SessionEnd> {
     const session = this.sessions.remove(trace);
     if (!session) throw new DaemonError(`no live session named '${trace}'`, 404);
-    await session.writer.finish({ exitCode: result.exitCode, signal: result.signal });
-    this.log.info({ trace }, 'session ended');
-    this.notifyIfIdle();
-    return { trace, summary: await this.store.summarize(trace), writeErrors: session.writer.writeErrors };
+    try {
+      await session.writer.finish({ exitCode: result.exitCode, signal: result.signal });
+      this.log.info({ trace }, 'session ended');
+      return { trace, summary: await this.store.summarize(trace), writeErrors: session.writer.writeErrors };
+    } finally {
+      if (notify) this.notifyIfIdle();
+    }
   }
 
   /** Sessions whose owning process died end on their own, so a crashed `record` does not pin the daemon. */
@@ -328,7 +335,12 @@ export class Daemon {
       const end = /^\/sessions\/([^/]+)\/end$/.exec(path);
       if (method === 'POST' && end) {
         const result = JSON.parse(body.toString('utf8') || '{}') as { exitCode?: number; signal?: string };
-        return json(200, await this.endSession(decodeURIComponent(end[1]!), result));
+        try {
+          return { ...json(200, await this.endSession(decodeURIComponent(end[1]!), result, false)), afterWrite: () => this.notifyIfIdle() };
+        } catch (err) {
+          this.notifyIfIdle();
+          throw err;
+        }
       }
       return json(404, { error: `no control endpoint ${method} ${path}` });
     } catch (err) {

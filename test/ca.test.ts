@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { X509Certificate } from 'node:crypto';
+import { X509Certificate, createPrivateKey, generateKeyPairSync } from 'node:crypto';
 import { mkdir, mkdtemp, readFile, rm, stat, symlink, writeFile } from 'node:fs/promises';
 import { createServer, type AddressInfo, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -55,7 +55,7 @@ describe('loadOrCreateAuthority', () => {
     expect(cert.subject).toMatch(/^O=mitm-replay\nCN=mitm-replay CA \S+ [0-9a-f]{6}$/);
     expect(cert.issuer).toBe(cert.subject);
     expect(cert.verify(cert.publicKey)).toBe(true); // self-signed, and the node:crypto signature is valid
-    expect(cert.checkPrivateKey(await import('node:crypto').then((c) => c.createPrivateKey(ca.keyPem)))).toBe(true);
+    expect(cert.checkPrivateKey(createPrivateKey(ca.keyPem))).toBe(true);
     const years = (Date.parse(cert.validTo) - Date.parse(cert.validFrom)) / (365.25 * DAY_MS);
     expect(years).toBeGreaterThan(9.9);
     expect(years).toBeLessThan(10.1);
@@ -98,16 +98,26 @@ describe('loadOrCreateAuthority', () => {
     expect(new Set(results.map((r) => r.fingerprint)).size).toBe(1);
     expect(results.filter((r) => r.created)).toHaveLength(1);
     const onDisk = await loadOrCreateAuthority(home);
-    expect(new X509Certificate(onDisk.certPem).checkPrivateKey(await import('node:crypto').then((c) => c.createPrivateKey(onDisk.keyPem)))).toBe(true);
+    expect(new X509Certificate(onDisk.certPem).checkPrivateKey(createPrivateKey(onDisk.keyPem))).toBe(true);
   });
 
-  it('takes over a lock left by a dead process', async () => {
+  it('finishes a CA whose creator crashed between key and certificate', async () => {
     const home = await tempDir();
     await mkdir(join(home, 'certs'), { recursive: true });
-    const dead = await run(process.execPath, ['-p', 'process.pid']);
-    await writeFile(join(home, 'certs', '.ca.lock'), dead.stdout.trim());
+    const { privateKey } = generateKeyPairSync('rsa', { modulusLength: 2048 });
+    const keyPem = privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
+    await writeFile(join(home, 'certs', 'ca-key.pem'), keyPem, { mode: 0o600 });
     const ca = await loadOrCreateAuthority(home);
     expect(ca.created).toBe(true);
+    expect(ca.keyPem).toBe(keyPem);
+    expect(new X509Certificate(ca.certPem).checkPrivateKey(privateKey)).toBe(true);
+  });
+
+  it('refuses a certificate whose key was removed', async () => {
+    const home = await tempDir();
+    const ca = await loadOrCreateAuthority(home);
+    await rm(ca.keyPath);
+    await expect(loadOrCreateAuthority(home)).rejects.toThrow(/has no .*ca-key\.pem; move it away/);
   });
 
   it('refuses a cert and key that do not belong together', async () => {
@@ -226,7 +236,6 @@ describe('LeafMinter', () => {
     const cert = new X509Certificate(certPem);
     expect(cert.subjectAltName).toMatch(/^IP Address:[0-9.:A-F]+$/i);
     expect(cert.checkIP(ip)).toBe(ip);
-    expect(cert.checkHost(ip)).toBeUndefined(); // no dNSName for an IP
   });
 
   it('keeps leaves short-lived', async () => {
@@ -274,7 +283,8 @@ describe('LeafMinter', () => {
 
   it('does not stall the event loop while minting 100 hosts', { retry: 2 }, async () => {
     const minter = new LeafMinter(ca);
-    await minter.secureContextFor('warm-up.test'); // leaf key generation and JIT warm-up are one-off costs
+    // Leaf key generation and JIT compilation are one-off costs, not what this measures.
+    await Promise.all(Array.from({ length: 20 }, (_, i) => minter.secureContextFor(`warm-up-${i}.test`)));
 
     let start = performance.now();
     const single = [];
@@ -296,7 +306,7 @@ describe('LeafMinter', () => {
       `one mint: median ${single[10]!.toFixed(2)} ms; 100 concurrent secure contexts: ${wall.toFixed(0)} ms, ` +
         `event-loop delay p99 ${p99.toFixed(2)} ms, max ${(histogram.max / 1e6).toFixed(2)} ms`,
     );
-    expect(minter.stats.misses).toBe(101);
+    expect(minter.stats.misses).toBe(120);
     expect(p99).toBeLessThanOrEqual(5);
   });
 });

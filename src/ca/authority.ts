@@ -1,5 +1,5 @@
-import { X509Certificate, createPrivateKey, generateKeyPair, randomBytes, sign, type KeyObject } from 'node:crypto';
-import { open, readFile, rename, rm, stat, chmod } from 'node:fs/promises';
+import { X509Certificate, createPrivateKey, createPublicKey, generateKeyPair, randomBytes, sign, type KeyObject } from 'node:crypto';
+import { chmod, link, open, readFile, rename, rm, stat } from 'node:fs/promises';
 import { hostname } from 'node:os';
 import { rootCertificates } from 'node:tls';
 import { promisify } from 'node:util';
@@ -17,12 +17,14 @@ export interface CertificateAuthority {
 }
 
 const CA_VALIDITY_YEARS = 10;
-/** A lock older than this is left over from a crashed process (generation takes well under a second). */
-const STALE_LOCK_MS = 30_000;
-const LOCK_POLL_MS = 25;
+/** How long to wait for the process that committed the key to commit its certificate (it needs milliseconds). */
+const CERT_GRACE_MS = 2_000;
 
 /** Where the operating system keeps its root bundle; the first one that exists wins. */
 const SYSTEM_ROOT_BUNDLES = ['/etc/ssl/certs/ca-certificates.crt', '/etc/pki/tls/certs/ca-bundle.crt', '/etc/ssl/cert.pem'];
+
+/** Name attributes as UTF8String, not forge's default PrintableString, which cannot hold '_' (seen in host names). */
+export const UTF8_STRING = forge.asn1.Type.UTF8 as unknown as forge.asn1.Class; // @types/node-forge mistypes valueTagClass
 
 const generateKeyPairAsync = promisify(generateKeyPair);
 const signAsync = promisify(sign);
@@ -33,8 +35,7 @@ const signAsync = promisify(sign);
  */
 export async function loadOrCreateAuthority(home: string): Promise<CertificateAuthority> {
   const paths = ensureHome(home);
-  let ca = await readAuthority(paths);
-  if (!ca) ca = await createUnderLock(paths);
+  const ca = (await readAuthority(paths)) ?? (await createAuthority(paths));
   await ensureBundle(paths, ca.certPem);
   return ca;
 }
@@ -98,11 +99,15 @@ export function randomSerialHex(): string {
 }
 
 async function readAuthority(paths: HomePaths): Promise<CertificateAuthority | undefined> {
-  // ca.pem is written last, so its presence means the pair is complete (see createUnderLock).
   const certPem = await readIfExists(paths.caCert);
-  if (certPem === undefined) return undefined;
   const keyPem = await readIfExists(paths.caKey);
-  if (keyPem === undefined) return undefined;
+  if (keyPem === undefined) {
+    // The key is always committed before the certificate, so a lone certificate is not a crash leftover:
+    // someone removed the key. Making a new CA silently would break every store that trusts the old one.
+    if (certPem !== undefined) throw new Error(`${paths.caCert} has no ${paths.caKey}; move it away to create a new CA`);
+    return undefined;
+  }
+  if (certPem === undefined) return undefined; // being created right now, or a crash in between: see createAuthority
   if (!new X509Certificate(certPem).checkPrivateKey(createPrivateKey(keyPem))) {
     throw new Error(`${paths.caCert} and ${paths.caKey} do not belong together; move them away to create a new CA`);
   }
@@ -111,75 +116,73 @@ async function readAuthority(paths: HomePaths): Promise<CertificateAuthority | u
   return { certPem, keyPem, certPath: paths.caCert, keyPath: paths.caKey, bundlePath: paths.bundle, created: false };
 }
 
-/** Only one process generates; the others wait for the lock and then read what it wrote. */
-async function createUnderLock(paths: HomePaths): Promise<CertificateAuthority> {
-  const lockPath = `${paths.certsDir}/.ca.lock`;
-  await acquireLock(lockPath);
-  try {
-    const existing = await readAuthority(paths);
-    if (existing) return existing;
-    const { certPem, keyPem } = await generateAuthority();
-    // Key first, cert last: readers treat ca.pem as "the pair is complete".
-    await writeAtomic(paths.caKey, keyPem, 0o600);
-    await writeAtomic(paths.caCert, certPem, 0o644);
-    return { certPem, keyPem, certPath: paths.caCert, keyPath: paths.caKey, bundlePath: paths.bundle, created: true };
-  } finally {
-    await rm(lockPath, { force: true });
+/**
+ * Creates the CA without a lock file (which a crashed process would leave behind): each file is committed with
+ * link(), which, unlike rename(), fails when the name exists, so exactly one writer wins each file.
+ * The key is committed first, and a certificate is only ever made for the committed key, so whichever certificate
+ * wins belongs to the key on disk even when several processes start at once.
+ */
+async function createAuthority(paths: HomePaths): Promise<CertificateAuthority> {
+  let ourCert: string | undefined;
+  let keyPem = await readIfExists(paths.caKey);
+  if (keyPem === undefined) {
+    const { privateKey } = await generateKeyPairAsync('rsa', { modulusLength: 2048 });
+    const ourKey = privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
+    if (await commitExclusive(paths.caKey, ourKey, 0o600)) {
+      keyPem = ourKey;
+      ourCert = await selfSignedCaCertificate(privateKey);
+    } else {
+      keyPem = await readFile(paths.caKey, 'utf8');
+    }
   }
+  // If another process committed the key, it commits its certificate milliseconds later. If it crashed in
+  // between, any certificate for the committed key will do, so make one after a grace period.
+  if (ourCert === undefined && (await waitForFile(paths.caCert, CERT_GRACE_MS)) === undefined) {
+    ourCert = await selfSignedCaCertificate(createPrivateKey(keyPem));
+  }
+  const created = ourCert !== undefined && (await commitExclusive(paths.caCert, ourCert, 0o644));
+  const ca = await readAuthority(paths); // whichever certificate won, re-read and check the pair
+  if (!ca) throw new Error(`${paths.caCert} vanished while creating the CA`);
+  return { ...ca, created };
 }
 
-async function acquireLock(lockPath: string): Promise<void> {
-  for (;;) {
-    try {
-      const handle = await open(lockPath, 'wx', 0o600);
-      await handle.writeFile(String(process.pid));
-      await handle.close();
-      return;
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
-    }
-    if (await lockIsStale(lockPath)) {
-      await rm(lockPath, { force: true });
-      continue;
-    }
-    await new Promise((resolve) => setTimeout(resolve, LOCK_POLL_MS));
-  }
-}
-
-async function lockIsStale(lockPath: string): Promise<boolean> {
+/** Writes data to a temp file and links it to file. Returns false, writing nothing, if file already exists. */
+async function commitExclusive(file: string, data: string, mode: number): Promise<boolean> {
+  const tmp = await writeTemp(file, data, mode);
   try {
-    const [info, owner] = await Promise.all([stat(lockPath), readFile(lockPath, 'utf8')]);
-    if (Date.now() - info.mtimeMs > STALE_LOCK_MS) return true;
-    const pid = Number(owner);
-    // An empty file means the owner is between open and write; give it time.
-    if (!Number.isInteger(pid) || pid <= 0) return false;
-    try {
-      process.kill(pid, 0);
-      return false;
-    } catch (err) {
-      return (err as NodeJS.ErrnoException).code === 'ESRCH';
-    }
+    await link(tmp, file);
+    return true;
   } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return false; // released meanwhile; retry open
+    if ((err as NodeJS.ErrnoException).code === 'EEXIST') return false;
     throw err;
+  } finally {
+    await rm(tmp, { force: true });
   }
 }
 
-async function generateAuthority(): Promise<{ certPem: string; keyPem: string }> {
-  const { publicKey, privateKey } = await generateKeyPairAsync('rsa', { modulusLength: 2048 });
+async function waitForFile(file: string, timeoutMs: number): Promise<string | undefined> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const text = await readIfExists(file);
+    if (text !== undefined || Date.now() >= deadline) return text;
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+async function selfSignedCaCertificate(privateKey: KeyObject): Promise<string> {
   const cert = forge.pki.createCertificate();
-  cert.publicKey = forge.pki.publicKeyFromPem(publicKey.export({ type: 'spki', format: 'pem' }).toString());
+  cert.publicKey = forge.pki.publicKeyFromPem(createPublicKey(privateKey).export({ type: 'spki', format: 'pem' }).toString());
   cert.serialNumber = randomSerialHex();
   const now = Date.now();
-  cert.validity.notBefore = new Date(now - 60 * 60 * 1000);
+  cert.validity.notBefore = new Date(now - 60 * 60 * 1000); // slack for clients whose clock is behind
   const notAfter = new Date(now);
   notAfter.setFullYear(notAfter.getFullYear() + CA_VALIDITY_YEARS);
   cert.validity.notAfter = notAfter;
-  // The hostname and a random suffix tell apart CAs from different machines/homes in a trust store listing.
+  // The hostname and a random suffix tell apart CAs of different machines and homes in a trust store listing.
   const cn = `mitm-replay CA ${hostname()} ${randomBytes(3).toString('hex')}`;
   const subject = [
-    { shortName: 'O', value: 'mitm-replay', valueTagClass: utf8 },
-    { shortName: 'CN', value: cn, valueTagClass: utf8 },
+    { shortName: 'O', value: 'mitm-replay', valueTagClass: UTF8_STRING },
+    { shortName: 'CN', value: cn, valueTagClass: UTF8_STRING },
   ];
   cert.setSubject(subject);
   cert.setIssuer(subject);
@@ -188,13 +191,8 @@ async function generateAuthority(): Promise<{ certPem: string; keyPem: string }>
     { name: 'keyUsage', keyCertSign: true, cRLSign: true, critical: true },
     { name: 'subjectKeyIdentifier' },
   ]);
-  const certPem = await signEncoded(encodeToBeSigned(cert), privateKey);
-  const keyPem = privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
-  return { certPem, keyPem };
+  return signEncoded(encodeToBeSigned(cert), privateKey);
 }
-
-/** UTF8String rather than forge's default PrintableString, which cannot hold '_' (allowed in hostnames). */
-export const utf8 = forge.asn1.Type.UTF8 as unknown as forge.asn1.Class;
 
 async function ensureBundle(paths: HomePaths, caPem: string): Promise<void> {
   const current = await readIfExists(paths.bundle);
@@ -222,19 +220,28 @@ async function readIfExists(file: string): Promise<string | undefined> {
 
 /** Write to a unique temp file in the same directory, then rename: readers never see a half-written file. */
 async function writeAtomic(file: string, data: string, mode: number): Promise<void> {
-  const tmp = `${file}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`;
-  const handle = await open(tmp, 'wx', mode);
-  try {
-    await handle.chmod(mode); // open's mode is filtered by the umask; make it exact
-    await handle.writeFile(data);
-    await handle.sync();
-  } finally {
-    await handle.close();
-  }
+  const tmp = await writeTemp(file, data, mode);
   try {
     await rename(tmp, file);
   } catch (err) {
     await rm(tmp, { force: true });
     throw err;
   }
+}
+
+/** A fully written and synced file next to `file` (same file system, so rename and link work). */
+async function writeTemp(file: string, data: string, mode: number): Promise<string> {
+  const tmp = `${file}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`;
+  const handle = await open(tmp, 'wx', mode);
+  try {
+    await handle.chmod(mode); // open's mode is filtered by the umask; make it exact
+    await handle.writeFile(data);
+    await handle.sync();
+  } catch (err) {
+    await handle.close();
+    await rm(tmp, { force: true });
+    throw err;
+  }
+  await handle.close();
+  return tmp;
 }

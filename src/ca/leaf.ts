@@ -5,7 +5,7 @@ import { createSecureContext, type SecureContext } from 'node:tls';
 import { promisify } from 'node:util';
 import { LRUCache } from 'lru-cache';
 import forge from 'node-forge';
-import { encodeToBeSigned, randomSerialHex, signEncoded, utf8, type CertificateAuthority } from './authority.js';
+import { encodeToBeSigned, randomSerialHex, signEncoded, UTF8_STRING, type CertificateAuthority } from './authority.js';
 
 export interface LeafMinterOptions {
   /** Hosts whose secure context is kept (LRU). Default 1000. */
@@ -98,7 +98,7 @@ export class LeafMinter {
       cert.validity.notBefore = new Date(now - HOUR_MS);
       cert.validity.notAfter = new Date(now + this.#validityDays * DAY_MS);
       // X.520 caps a CN at 64 characters; clients match on the SAN anyway, so longer names go without a CN.
-      cert.setSubject(name.length <= 64 ? [{ shortName: 'CN', value: name, valueTagClass: utf8 }] : []);
+      cert.setSubject(name.length <= 64 ? [{ shortName: 'CN', value: name, valueTagClass: UTF8_STRING }] : []);
       const altName = isIP(name) ? { type: 7, ip: name } : { type: 2, value: name };
       cert.setExtensions([
         { name: 'basicConstraints', cA: false },

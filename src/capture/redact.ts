@@ -494,7 +494,7 @@ export class Redactor {
   private readonly builtin: CompiledPatterns[];
   /** Built-in plus user patterns (used in query strings and bodies). */
   private readonly all: CompiledPatterns[];
-  private readonly jsonPaths: { rule: string; segs: PathSeg[] }[];
+  private readonly jsonPaths: { rule: string; segs: PathSeg[]; replacement: string }[];
   private readonly textParams: RegExp | undefined;
   private readonly textHeaders: RegExp | undefined;
 
@@ -506,7 +506,12 @@ export class Redactor {
       BUILTIN_PATTERNS.some((b) => b.name === p.name && b.regex === p.regex && b.flags === p.flags);
     this.builtin = compilePatterns(rules.patterns.filter(isBuiltin));
     this.all = compilePatterns(rules.patterns);
-    this.jsonPaths = rules.jsonPaths.map((path) => ({ rule: `json:${path}`, segs: parseJsonPath(path) }));
+    // Numbers are replaced too, and the placeholder is always a JSON string.
+    this.jsonPaths = rules.jsonPaths.map((path) => ({
+      rule: `json:${path}`,
+      segs: parseJsonPath(path),
+      replacement: `"${placeholder(`json:${path}`)}"`,
+    }));
     const params = [...this.paramSet].map(escapeRegex).join('|');
     this.textParams = params ? new RegExp(`(?<=[?&;])(?:${params})=[^&#\\s"'<>]+`, 'gi') : undefined;
     const headers = [...this.headerSet].map(escapeRegex).join('|');
@@ -706,8 +711,7 @@ export class Redactor {
     const ok = walkJson(text, from, to, (path, start, end) => {
       const hit = this.jsonPaths.find((p) => pathMatches(p.segs, path));
       if (!hit) return;
-      // Numbers become strings too: the placeholder is always a JSON string.
-      found.push({ start, end, replacement: `"${placeholder(hit.rule)}"`, rule: hit.rule, where: `${where}:${formatPath(path)}` });
+      found.push({ start, end, replacement: hit.replacement, rule: hit.rule, where: `${where}:${formatPath(path)}` });
     });
     if (ok) for (const span of found) spans.push(span); // no spread: there can be more spans than call arguments
   }
@@ -738,7 +742,7 @@ export class Redactor {
   private apply(text: string, spans: Span[], latin1: boolean): { text: string; fired: Firing[] } {
     spans.sort((a, b) => a.start - b.start || b.end - a.end);
     const out: string[] = [];
-    const fired = new Map<string, Firing>();
+    const fired = new Map<string, Map<string, Firing>>(); // rule -> where -> firing
     let pos = 0;
     for (const s of spans) {
       if (s.end <= pos) continue;
@@ -746,13 +750,14 @@ export class Redactor {
       const replacement = latin1 && /[^\x00-\x7f]/.test(s.replacement) ? Buffer.from(s.replacement).toString('latin1') : s.replacement;
       out.push(text.slice(pos, Math.max(s.start, pos)), replacement);
       pos = s.end;
-      const key = `${s.rule}\0${s.where}`;
-      if (s.where === '' || fired.has(key)) continue;
+      if (s.where === '') continue;
+      let byWhere = fired.get(s.rule);
+      if (!byWhere) fired.set(s.rule, (byWhere = new Map()));
       // `where` can carry names taken from the traffic (JSON keys, parameter names): scrub it as well.
-      fired.set(key, { rule: s.rule, where: this.redactText(s.where) });
+      if (!byWhere.has(s.where)) byWhere.set(s.where, { rule: s.rule, where: this.redactText(s.where) });
     }
     out.push(text.slice(pos));
-    return { text: out.join(''), fired: [...fired.values()] };
+    return { text: out.join(''), fired: [...fired.values()].flatMap((m) => [...m.values()]) };
   }
 }
 

@@ -95,9 +95,11 @@ class UsageError extends Error {}
 
 /** One change to one store, as the commands that make it. */
 interface Step {
-  store: string; // e.g. "system (debian)" or "nss sql:/home/u/.pki/nssdb"
+  store: string; // "system (debian)", "nss", ...
   touches: string; // the file or database it changes
   commands: string[][];
+  /** For uninstall: whether there is anything to remove (certutil -D fails on a missing nickname). */
+  isPresent?: () => Promise<boolean>;
 }
 
 /**
@@ -195,7 +197,7 @@ async function trustCa(options: Options, io: TrustCaIo): Promise<number> {
   // Uninstalling or planning must not create a CA; installing does.
   let ca: CertificateAuthority | undefined = await loadAuthority(home);
   if (!ca && options.uninstall) {
-    io.stdout.write(`No CA in ${home}, so nothing of it can be installed anywhere; nothing to do.\n`);
+    io.stdout.write(`No CA in ${home}; nothing to uninstall.\n`);
     return 0;
   }
   const certPath = homePaths(home).caCert;
@@ -205,7 +207,7 @@ async function trustCa(options: Options, io: TrustCaIo): Promise<number> {
 
   const steps = [
     ...(stores.includes('system') ? [systemStep(platform!, name, certPath, options.uninstall)] : []),
-    ...(stores.includes('nss') ? nssDbs.map((db) => nssStep(db, name, certPath, options.uninstall)) : []),
+    ...(stores.includes('nss') ? nssDbs.map((db) => nssStep(db, name, certPath, options.uninstall, io.env)) : []),
   ];
 
   if (options.dryRun) {
@@ -223,7 +225,8 @@ async function trustCa(options: Options, io: TrustCaIo): Promise<number> {
 
   // Check every tool first, so a missing one never leaves some stores changed and others not.
   const packages = platform === 'macos' ? MACOS_PACKAGES : platform ? LINUX_STORES[platform].packages : {};
-  for (const tool of new Set(steps.flatMap((s) => s.commands.map((c) => c[0]!)))) {
+  const tools = steps.flatMap((s) => s.commands.flatMap((c) => (c[0] === 'sudo' ? c.slice(0, 2) : c.slice(0, 1))));
+  for (const tool of new Set(tools)) {
     if (!findExecutable(tool, io.env)) {
       const pkg = packages[tool] ?? (tool === 'certutil' ? 'the NSS tools' : tool === 'sudo' ? 'sudo, or run as root' : tool);
       const hint = tool === 'certutil' && !explicit ? '; or pass --stores system' : '';
@@ -233,9 +236,7 @@ async function trustCa(options: Options, io: TrustCaIo): Promise<number> {
 
   const changed: string[] = [];
   for (const step of steps) {
-    if (options.uninstall && step.store.startsWith('nss') && !(await nssHas(step.touches, name, io.env))) {
-      continue; // certutil -D fails on a missing nickname; absent already is what we want
-    }
+    if (options.uninstall && step.isPresent && !(await step.isPresent())) continue; // already absent
     for (const command of step.commands) await run(command, io.env);
     changed.push(`  ${step.store}: ${step.touches}`);
   }
@@ -278,14 +279,19 @@ function systemStep(platform: Platform, name: string, certPath: string, uninstal
   const store = LINUX_STORES[platform];
   const anchor = `${store.anchorDir}/${name}${store.extension}`;
   const change = uninstall ? ['rm', '-f', anchor] : ['install', '-m', '0644', certPath, anchor];
-  return { store: `system (${platform})`, touches: anchor, commands: [asRoot(change), asRoot(store.refresh)] };
+  return {
+    store: `system (${platform})`,
+    touches: anchor,
+    commands: [asRoot(change), asRoot(store.refresh)],
+    isPresent: async () => existsSync(anchor),
+  };
 }
 
-function nssStep(db: string, name: string, certPath: string, uninstall: boolean): Step {
+function nssStep(db: string, name: string, certPath: string, uninstall: boolean, env: NodeJS.ProcessEnv): Step {
   const command = uninstall
     ? ['certutil', '-D', '-d', db, '-n', name]
     : ['certutil', '-A', '-d', db, '-t', 'C,,,', '-n', name, '-i', certPath];
-  return { store: `nss`, touches: db, commands: [command] };
+  return { store: 'nss', touches: db, commands: [command], isPresent: () => nssHas(db, name, env) };
 }
 
 /** Like mkcert: the user's shared NSS db (Chrome/Chromium on Linux) and every Firefox profile that has one. */
@@ -336,8 +342,11 @@ async function run(command: string[], env: NodeJS.ProcessEnv): Promise<void> {
   }
 }
 
+/** Admin tools like update-ca-certificates live in sbin, which a normal user's PATH may lack but sudo's has. */
+const SBIN_DIRS = ['/usr/local/sbin', '/usr/sbin', '/sbin'];
+
 function findExecutable(tool: string, env: NodeJS.ProcessEnv): string | undefined {
-  for (const dir of (env.PATH ?? '').split(delimiter)) {
+  for (const dir of [...(env.PATH ?? '').split(delimiter), ...SBIN_DIRS]) {
     if (!dir) continue;
     const candidate = join(dir, tool);
     try {

@@ -40,6 +40,8 @@ export interface LocalResponse {
   headers?: Record<string, string>;
   body: string | Buffer;
   close?: boolean;
+  /** runs once the response has been handed to the socket (e.g. a daemon may stop only after answering) */
+  afterWrite?: () => void;
 }
 
 export interface ConnectionContext {
@@ -200,7 +202,7 @@ class LocalHandler implements RequestHandler {
   async end(): Promise<boolean> {
     const response =
       this.size > MAX_LOCAL_BODY ? { status: 413, body: 'mitm-replay: request body too large\n', close: true } : await this.respond(Buffer.concat(this.chunks));
-    this.socket.write(localResponseBytes(response));
+    this.socket.write(localResponseBytes(response), () => response.afterWrite?.());
     return !response.close;
   }
 
