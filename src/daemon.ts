@@ -147,6 +147,7 @@ export class Daemon {
       anonymousWriter: () => self!.anonymousWriter(),
       control: (method, path, authorization, body) => self!.control(method, path, authorization, body),
       isSelf: (host, port) => self?.isSelf(host, port) ?? false,
+      listenHost: () => self?.host ?? '127.0.0.1',
     });
     const daemon = new Daemon(options, paths, store, redactor, log, pool, listener, anonymousTraceName, sessions);
     self = daemon;
@@ -276,7 +277,7 @@ export class Daemon {
       trace: session.trace,
       token: session.token,
       proxyUrl: `http://${credentials}@${host}:${this.port}`,
-      baseUrlPrefix: `${this.url}/__mitm-replay/b/${credentials}`,
+      baseUrlPrefix: `${this.url.replace(/^http:/, 'https:')}/__mitm-replay/b/${credentials}`,
     };
   }
 

@@ -25,7 +25,7 @@ interface LeafKey {
 
 /**
  * Mints per-host server certificates signed by our CA.
- * One RSA key pair serves every leaf of this minter: generating a key per host would cost ~50-100 ms each,
+ * One RSA key pair serves every leaf of this minter: generating an RSA key costs 100 ms or more per host,
  * and the key never leaves the process.
  */
 export class LeafMinter {
@@ -61,7 +61,12 @@ export class LeafMinter {
 
   /** Cached per host; concurrent callers for one host share a single mint (the promise is what is cached). */
   secureContextFor(host: string): Promise<SecureContext> {
-    const name = normalizeHost(host);
+    let name: string;
+    try {
+      name = normalizeHost(host);
+    } catch (err) {
+      return Promise.reject(err); // callers handle one failure path: the promise
+    }
     const cached = this.#cache.get(name);
     if (cached) {
       this.#hits++;

@@ -31,7 +31,7 @@ export async function runEnv(argv: string[]): Promise<number> {
   const client = await DaemonClient.find(paths.stateFile);
   if (!client) throw new UsageError(`env: no daemon is running for ${home}; start one with 'mitm-replay daemon --home ${home}' (or use 'mitm-replay record -- CMD')`);
   let proxyUrl = client.url;
-  let baseUrlPrefix = `${client.url}/__mitm-replay/b/-`;
+  let baseUrlPrefix = `${client.url.replace(/^http:/, 'https:')}/__mitm-replay/b/-`;
   if (trace !== undefined) {
     const session = await client.createSession({ trace, source: 'env' });
     proxyUrl = session.proxyUrl;

@@ -23,6 +23,8 @@ export interface ListenerDeps {
   /** the trace for traffic without session credentials */
   anonymousWriter: () => Promise<TraceWriter>;
   control: (method: string, path: string, authorization: string | undefined, body: Buffer) => Promise<LocalResponse>;
+  /** the address clients use for the daemon itself (names the leaf served without SNI) */
+  listenHost: () => string;
   /** true when host:port is this daemon's own listening address */
   isSelf: (host: string, port: number) => boolean;
 }
@@ -81,10 +83,63 @@ export class ProxyListener {
     socket.once('close', () => this.sockets.delete(socket));
   }
 
-  private accept(socket: net.Socket): void {
+  private async accept(socket: net.Socket): Promise<void> {
     this.track(socket);
-    const connection = new HttpConnection(socket, { pool: this.deps.pool, log: this.deps.log, dispatch: (head) => this.dispatch(head) });
+    socket.on('error', () => socket.destroy());
+    // The same port speaks TLS too, so the base-URL route can be https: clients then send exactly what they send
+    // to the real origin (undici's fetch, for one, offers `br` only over https).
+    const first = await firstByte(socket);
+    if (first === null) return;
+    let served: net.Socket = socket;
+    if (first === 0x16) {
+      const tlsSocket = await this.terminateTls(socket, this.deps.listenHost());
+      if (!tlsSocket) return;
+      served = tlsSocket;
+    }
+    const connection = new HttpConnection(served, { pool: this.deps.pool, log: this.deps.log, dispatch: (head) => this.dispatch(head) });
     void connection.run();
+  }
+
+  /** TLS server side on a client socket, with a leaf for the SNI name (or `defaultHost` without SNI). */
+  private async terminateTls(socket: net.Socket, defaultHost: string, onFailure?: (code: string, message: string) => void): Promise<tls.TLSSocket | null> {
+    let context: tls.SecureContext;
+    try {
+      context = await this.deps.minter.secureContextFor(defaultHost);
+    } catch (err) {
+      onFailure?.('mint-failed', (err as Error).message);
+      socket.destroy();
+      return null;
+    }
+    const tlsSocket = new tls.TLSSocket(socket, {
+      isServer: true,
+      secureContext: context,
+      ALPNProtocols: ['http/1.1'],
+      SNICallback: (servername, done) => {
+        this.deps.minter.secureContextFor(servername || defaultHost).then(
+          (ctx) => done(null, ctx),
+          (err: Error) => done(err),
+        );
+      },
+    });
+    this.track(tlsSocket);
+    let failure: { code: string; message: string } | null = null;
+    tlsSocket.once('error', (err: Error & { code?: string }) => {
+      failure ??= { code: err.code ?? 'tls-error', message: `TLS handshake with the client failed: ${err.message}` };
+      socket.destroy();
+    });
+    return new Promise((resolve) => {
+      const onClose = () => {
+        // A handshake that never finished (an error, or the client closing midway) is reported, not dropped.
+        const { code, message } = failure ?? { code: 'tls-handshake-incomplete', message: 'the client closed the connection before the TLS handshake completed' };
+        onFailure?.(code, message);
+        resolve(null);
+      };
+      tlsSocket.once('close', onClose);
+      tlsSocket.once('secure', () => {
+        tlsSocket.removeListener('close', onClose);
+        resolve(tlsSocket);
+      });
+    });
   }
 
   destroyAll(): void {
@@ -194,47 +249,16 @@ export class ProxyListener {
       socket.destroy();
       return;
     }
-    let context: tls.SecureContext;
-    try {
-      context = await this.deps.minter.secureContextFor(target.host);
-    } catch (err) {
-      recordConnectionError(writer, origin, 'connect', { code: 'mint-failed', message: (err as Error).message, phase: 'tls' });
-      socket.destroy();
-      return;
-    }
-    const tlsSocket = new tls.TLSSocket(socket, {
-      isServer: true,
-      secureContext: context,
-      ALPNProtocols: ['http/1.1'],
-      SNICallback: (servername, done) => {
-        this.deps.minter.secureContextFor(servername || target.host).then(
-          (ctx) => done(null, ctx),
-          (err: Error) => done(err),
-        );
-      },
+    const tlsSocket = await this.terminateTls(socket, target.host, (code, message) =>
+      recordConnectionError(writer, origin, 'connect', { code, message, phase: 'tls' }),
+    );
+    if (!tlsSocket) return;
+    const connection = new HttpConnection(tlsSocket, {
+      pool: this.deps.pool,
+      log: this.deps.log,
+      dispatch: (head) => this.dispatchIntercepted(head, origin, writer),
     });
-    this.track(tlsSocket);
-    let secured = false;
-    let failure: { code: string; message: string } | null = null;
-    tlsSocket.once('error', (err: Error & { code?: string }) => {
-      if (!secured) failure = { code: err.code ?? 'tls-error', message: `TLS handshake with the client failed: ${err.message}` };
-      socket.destroy();
-    });
-    tlsSocket.once('close', () => {
-      if (secured) return;
-      // A handshake that never finished (an error, or the client closing midway) is recorded, not dropped.
-      const { code, message } = failure ?? { code: 'tls-handshake-incomplete', message: 'the client closed the connection before the TLS handshake completed' };
-      recordConnectionError(writer, origin, 'connect', { code, message, phase: 'tls' });
-    });
-    tlsSocket.once('secure', () => {
-      secured = true;
-      const connection = new HttpConnection(tlsSocket, {
-        pool: this.deps.pool,
-        log: this.deps.log,
-        dispatch: (head) => this.dispatchIntercepted(head, origin, writer),
-      });
-      void connection.run();
-    });
+    void connection.run();
   }
 
   private dispatchIntercepted(head: RequestHead, origin: Origin, writer: TraceWriter): Dispatch {
