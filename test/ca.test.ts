@@ -325,4 +325,3 @@ describe('LeafMinter', () => {
     expect(minting.p99).toBeLessThanOrEqual(quiet ? 5 : 25);
   });
 });
-});
