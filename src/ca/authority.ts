@@ -61,34 +61,21 @@ export function certificateFingerprint(certPem: string): string {
  */
 export function encodeToBeSigned(cert: forge.pki.Certificate, issuerDn?: forge.asn1.Asn1): Buffer {
   cert.siginfo.algorithmOid = forge.pki.oids.sha256WithRSAEncryption;
+  cert.signatureOid = forge.pki.oids.sha256WithRSAEncryption;
   // getTBSCertificate is public in forge but missing from @types/node-forge.
   const tbs = (forge.pki as unknown as { getTBSCertificate(c: forge.pki.Certificate): forge.asn1.Asn1 }).getTBSCertificate(cert);
   if (issuerDn) (tbs.value as forge.asn1.Asn1[])[3] = issuerDn;
+  // certificateToAsn1 uses cert.tbsCertificate when set instead of rebuilding it, so the bytes signed here are
+  // exactly the bytes emitted, issuer splice included.
+  cert.tbsCertificate = tbs;
   return Buffer.from(forge.asn1.toDer(tbs).getBytes(), 'binary');
 }
 
-/** AlgorithmIdentifier { sha256WithRSAEncryption (1.2.840.113549.1.1.11), NULL }, as in the TBSCertificate. */
-const SHA256_WITH_RSA = Buffer.from('300d06092a864886f70d01010b0500', 'hex');
-
-/**
- * Step 2: sign the TBSCertificate off the main thread and wrap it as Certificate ::= SEQUENCE { tbs, algorithm,
- * BIT STRING signature }. Assembling these three DER pieces here, instead of handing the signature back to forge's
- * certificateToPem, means no forge object stays alive while signatures are pending: with 100 mints in flight,
- * those object graphs made young-generation GC pauses of 3-5 ms.
- */
-export async function signEncoded(tbsDer: Buffer, key: KeyObject): Promise<string> {
+/** Step 2: sign the encoded TBSCertificate off the main thread, then serialize the certificate (PEM). */
+export async function signEncoded(cert: forge.pki.Certificate, tbsDer: Buffer, key: KeyObject): Promise<string> {
   const signature = await signAsync('sha256', tbsDer, key);
-  const der = derElement(0x30, Buffer.concat([tbsDer, SHA256_WITH_RSA, derElement(0x03, Buffer.concat([Buffer.of(0), signature]))]));
-  const base64Lines = der.toString('base64').match(/.{1,64}/g)!.join('\n');
-  return `-----BEGIN CERTIFICATE-----\n${base64Lines}\n-----END CERTIFICATE-----\n`;
-}
-
-/** A DER tag-length-value with definite length (certificates stay far below 64 KiB). */
-function derElement(tag: number, content: Buffer): Buffer {
-  const n = content.length;
-  if (n >= 0x10000) throw new RangeError('DER element too long');
-  const header = n < 0x80 ? [tag, n] : n < 0x100 ? [tag, 0x81, n] : [tag, 0x82, n >> 8, n & 0xff];
-  return Buffer.concat([Buffer.from(header), content]);
+  cert.signature = signature.toString('binary'); // forge keeps byte strings; certificateToAsn1 adds the BIT STRING's 0x00
+  return forge.pki.certificateToPem(cert);
 }
 
 /** 16 random bytes as a positive, minimally encoded DER INTEGER (first byte 0x01..0x7f). */
@@ -191,7 +178,7 @@ async function selfSignedCaCertificate(privateKey: KeyObject): Promise<string> {
     { name: 'keyUsage', keyCertSign: true, cRLSign: true, critical: true },
     { name: 'subjectKeyIdentifier' },
   ]);
-  return signEncoded(encodeToBeSigned(cert), privateKey);
+  return signEncoded(cert, encodeToBeSigned(cert), privateKey);
 }
 
 async function ensureBundle(paths: HomePaths, caPem: string): Promise<void> {

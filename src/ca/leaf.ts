@@ -94,8 +94,8 @@ export class LeafMinter {
 
     // Building and encoding is synchronous (~0.15 ms); a burst of 100 hosts done in one go would block the
     // loop for 15 ms, so each certificate gets its own event-loop turn. Signing then happens off-thread.
+    const cert = forge.pki.createCertificate();
     const tbsDer = await oneJobPerTurn(() => {
-      const cert = forge.pki.createCertificate();
       cert.publicKey = leafKey.publicKey;
       cert.serialNumber = randomSerialHex();
       const now = Date.now();
@@ -114,7 +114,7 @@ export class LeafMinter {
       ]);
       return encodeToBeSigned(cert, this.#caSubject);
     });
-    const certPem = await withSigningSlot(() => signEncoded(tbsDer, this.#caKey));
+    const certPem = await withSigningSlot(() => signEncoded(cert, tbsDer, this.#caKey));
     return { certPem, keyPem: leafKey.keyPem };
   }
 

@@ -1,0 +1,141 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { spawn } from 'node:child_process';
+import https from 'node:https';
+import { mkdtempSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { TraceStore } from '../src/trace/store.js';
+import type { StoredExchange } from '../src/trace/schema.js';
+import { haveTool, run, startCliDaemon } from './helpers/cli.js';
+import { TunnelAgent, startHarness } from './helpers/proxy.js';
+import { createTestCa, type TestCa } from './helpers/test-ca.js';
+import { startTestUpstream, type TestUpstream } from './helpers/upstream.js';
+
+let ca: TestCa;
+let upstream: TestUpstream;
+let work: string;
+
+beforeAll(async () => {
+  haveTool('curl');
+  ca = await createTestCa();
+  upstream = await startTestUpstream({ tls: { certPem: ca.certPem, keyPem: ca.keyPem } });
+  work = mkdtempSync(join(tmpdir(), 'mitm-replay-durability-'));
+});
+
+afterAll(async () => {
+  await upstream?.close();
+  await ca?.cleanup();
+  if (work) rmSync(work, { recursive: true, force: true });
+});
+
+async function readTrace(home: string, name: string): Promise<StoredExchange[]> {
+  const store = await TraceStore.open(join(home, 'traces'));
+  try {
+    const out: StoredExchange[] = [];
+    for await (const ex of store.exchanges(name)) out.push(ex);
+    return out;
+  } finally {
+    await store.close();
+  }
+}
+
+function daemonArgs(trace: string): string[] {
+  return ['--trace', trace, '--intercept', '+tools.example.test', '--connect-to', `::127.0.0.1:${upstream.port}`, '--upstream-ca', ca.caPath];
+}
+
+/** Starts a slow SSE download through the daemon with curl; resolves once the first bytes arrived. */
+function startSlowStream(port: number, home: string, id: string) {
+  const child = spawn('curl', ['-sS', '-N', '-x', `http://127.0.0.1:${port}`, '--cacert', join(home, 'certs', 'ca.pem'), '-H', `x-test-id: ${id}`, 'https://tools.example.test/sse-timed?frames=40&gap=100'], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const firstBytes = new Promise<void>((resolve) => child.stdout.once('data', () => resolve()));
+  const exited = new Promise<number | null>((resolve) => child.once('close', resolve));
+  return { child, firstBytes, exited };
+}
+
+describe('crash safety and clean shutdown', () => {
+  it('SIGKILL mid-stream: completed exchanges survive intact, the cut-off one is marked incomplete on restart', async () => {
+    const home = mkdtempSync(join(work, 'home-'));
+    const daemon = await startCliDaemon(daemonArgs('crash'), home);
+    expect(statSync(join(home, 'daemon.json')).mode & 0o777).toBe(0o600);
+    expect(statSync(home).mode & 0o777).toBe(0o700);
+    const done = await run('curl', ['-sS', '-x', `http://127.0.0.1:${daemon.port}`, '--cacert', join(home, 'certs', 'ca.pem'), '-H', 'x-test-id: before-crash', 'https://tools.example.test/gzip', '-o', join(work, 'gz.out')]);
+    expect(done.code, done.stderr).toBe(0);
+    const slow = startSlowStream(daemon.port, home, 'cut-off');
+    await slow.firstBytes;
+    daemon.child.kill('SIGKILL');
+    await new Promise((r) => daemon.child.once('exit', r));
+    await slow.exited;
+    // restart: the store opens and the open exchange is marked incomplete
+    const again = await startCliDaemon(daemonArgs('crash'), home);
+    again.child.kill('SIGTERM');
+    expect(await new Promise((r) => again.child.once('exit', r))).toBe(0);
+    const exchanges = await readTrace(home, 'crash');
+    expect(exchanges).toHaveLength(2);
+    const [first, second] = exchanges;
+    expect(first!.record.state).toBe('complete');
+    expect(first!.responseBody.equals(upstream.sent.get('before-crash')!)).toBe(true);
+    expect(second!.record.state).toBe('incomplete');
+    expect(second!.record.error!.code).toBe('cut-off');
+    expect(second!.requestHead.toString()).toContain('x-test-id: cut-off');
+  });
+
+  it('SIGTERM with a stream in flight: exit 0, the in-flight exchange is kept and marked incomplete', async () => {
+    const home = mkdtempSync(join(work, 'home-'));
+    const daemon = await startCliDaemon(daemonArgs('term'), home);
+    const slow = startSlowStream(daemon.port, home, 'in-flight');
+    await slow.firstBytes;
+    daemon.child.kill('SIGTERM');
+    expect(await new Promise((r) => daemon.child.once('exit', r))).toBe(0);
+    await slow.exited;
+    const exchanges = await readTrace(home, 'term');
+    expect(exchanges).toHaveLength(1);
+    expect(exchanges[0]!.record.state).toBe('incomplete');
+    expect(exchanges[0]!.record.error!.code).toBe('shutdown');
+    expect(exchanges[0]!.record.response!.chunks.length).toBeGreaterThan(0);
+  });
+});
+
+describe('client aborts and plain HTTP', () => {
+  it('a client that disconnects aborts the upstream request; recorded as client-aborted', async () => {
+    const h = await startHarness();
+    try {
+      const agent = new TunnelAgent(h.daemon.port);
+      await new Promise<void>((resolve, reject) => {
+        const req = https.request('https://tools.example.test/sse-timed?frames=30&gap=50', { agent, ca: h.caPem, headers: { 'x-test-id': 'abort' } }, (res) => {
+          res.once('data', () => {
+            req.destroy();
+            resolve();
+          });
+        });
+        req.on('error', () => undefined);
+        req.end();
+        setTimeout(() => reject(new Error('no data')), 5000);
+      });
+      agent.destroy();
+      await new Promise((r) => setTimeout(r, 400));
+      const ex = (await h.exchanges()).find((e) => e.requestHead.includes('x-test-id: abort'))!;
+      expect(ex.record.state).toBe('incomplete');
+      expect(ex.record.error!.code).toBe('client-aborted');
+      // the upstream stopped well before its 30 frames
+      expect(h.upstream.frameSentAt.get('abort')!.length).toBeLessThan(15);
+    } finally {
+      await h.close();
+    }
+  });
+
+  it('plain http:// absolute-form proxy requests are forwarded and recorded in origin form', async () => {
+    const h = await startHarness({ upstreamPlain: true });
+    try {
+      const via = await run('curl', ['-sS', '-x', `http://127.0.0.1:${h.daemon.port}`, '-H', 'x-test-id: plain', 'http://tools.example.test/echo?x=1']);
+      expect(via.code, via.stderr).toBe(0);
+      expect(JSON.parse(via.stdout).url).toBe('/echo?x=1');
+      const ex = (await h.exchanges()).find((e) => e.requestHead.includes('x-test-id: plain'))!;
+      expect(ex.record.route).toBe('proxy');
+      expect(ex.record.origin).toEqual({ scheme: 'http', host: 'tools.example.test', port: 80 });
+      expect(ex.requestHead.toString()).toMatch(/^GET \/echo\?x=1 HTTP\/1\.1\r\n/);
+      expect(ex.record.request!.clientTarget).toBe('http://tools.example.test/echo?x=1');
+      expect(ex.record.request!.droppedHeaders).toContain('Proxy-Connection');
+    } finally {
+      await h.close();
+    }
+  });
+});
