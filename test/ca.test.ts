@@ -4,7 +4,6 @@ import { mkdir, mkdtemp, readFile, rm, stat, symlink, writeFile } from 'node:fs/
 import { createServer, type AddressInfo, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
-import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { connect, TLSSocket } from 'node:tls';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
@@ -287,41 +286,24 @@ describe('LeafMinter', () => {
     expect(await minter.secureContextFor('[::1]')).toBe(await minter.secureContextFor('::1'));
   });
 
-  it('does not stall the event loop while minting 100 hosts', { retry: 2 }, async () => {
-    /** Event-loop delay p99 and max (ms) while work runs. */
-    async function loopDelay(work: () => Promise<unknown>): Promise<{ p99: number; max: number; wall: number }> {
-      const histogram = monitorEventLoopDelay({ resolution: 1 });
-      histogram.enable();
-      const start = performance.now();
-      await work();
-      const wall = performance.now() - start;
-      histogram.disable();
-      return { p99: histogram.percentile(99) / 1e6, max: histogram.max / 1e6, wall };
-    }
-
+  // The figure (event-loop delay p99 <= 5 ms while minting 100 hosts) is measured in bench/, not here: timed
+  // assertions flake on a shared 2-core machine. This test checks the structure that makes it possible:
+  // minting yields to the event loop between hosts instead of running as one blocking stretch.
+  it('yields to the event loop while minting 100 hosts', async () => {
     const minter = new LeafMinter(ca);
-    // Leaf key generation and JIT compilation are one-off costs, not what this measures.
-    await Promise.all(Array.from({ length: 20 }, (_, i) => minter.secureContextFor(`warm-up-${i}.test`)));
-
-    const single: number[] = [];
-    for (let i = 0; i < 20; i++) {
-      const start = performance.now();
-      await minter.mintLeafCertificate(`single-${i}.test`);
-      single.push(performance.now() - start);
-    }
-    single.sort((a, b) => a - b);
-
-    // Other test files run in parallel; when they keep the CPUs busy, even an idle loop shows multi-ms delays.
-    const idle = await loopDelay(() => new Promise((resolve) => setTimeout(resolve, 150)));
-    const minting = await loopDelay(() => Promise.all(Array.from({ length: 100 }, (_, i) => minter.secureContextFor(`host-${i}.test`))));
-    console.log(
-      `one mint: median ${single[10]!.toFixed(2)} ms; 100 concurrent secure contexts: ${minting.wall.toFixed(0)} ms, ` +
-        `event-loop delay p99 ${minting.p99.toFixed(2)} ms, max ${minting.max.toFixed(2)} ms (idle p99 ${idle.p99.toFixed(2)} ms)`,
-    );
-    expect(minter.stats.misses).toBe(120);
-    // The requirement (p99 <= 5 ms) is only measurable on a quiet machine; on a busy one, still catch the
-    // regression that matters: minting all hosts in one blocking stretch showed p99 > 100 ms.
-    const quiet = idle.p99 <= 2;
-    expect(minting.p99).toBeLessThanOrEqual(quiet ? 5 : 25);
+    await minter.secureContextFor('warm-up.test');
+    let turns = 0;
+    let minting = true;
+    const tick = () => {
+      turns++;
+      if (minting) setImmediate(tick);
+    };
+    setImmediate(tick);
+    const contexts = await Promise.all(Array.from({ length: 100 }, (_, i) => minter.secureContextFor(`host-${i}.test`)));
+    minting = false;
+    expect(new Set(contexts).size).toBe(100);
+    expect(minter.stats.misses).toBe(101);
+    // one blocking stretch would give a handful of turns; per-host yielding gives at least one per host
+    expect(turns).toBeGreaterThanOrEqual(100);
   });
 });
