@@ -224,6 +224,12 @@ const RESPONSE_WRITES = [
   Buffer.from('6\r\n world\r\n', 'latin1'),
   Buffer.from('0\r\n\r\n', 'latin1'),
 ];
+// /split: one 11-byte chunk (with a chunk extension) split across two writes,
+// followed by a trailer field.
+const SPLIT_WRITES = [
+  Buffer.from('HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Trailer\r\n\r\nb;ext=up\r\nhello', 'latin1'),
+  Buffer.from(' world\r\n0\r\nX-Trailer: t\r\n\r\n', 'latin1'),
+];
 const SMALL_RESPONSE = 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Up: 1\r\n\r\nok';
 
 function startUpstream(creds) {
@@ -247,11 +253,12 @@ function startUpstream(creds) {
         const closeAfter = f.head.fields.some((x) => x.name.trim().toLowerCase() === 'connection' && /close/i.test(x.value));
         const target = f.head.start.split(' ')[1];
         busy = busy.then(async () => {
-          if (target === '/echo') {
-            for (let i = 0; i < RESPONSE_WRITES.length; i++) {
+          if (target === '/echo' || target === '/split') {
+            const writes = target === '/echo' ? RESPONSE_WRITES : SPLIT_WRITES;
+            for (let i = 0; i < writes.length; i++) {
               if (i > 0) await new Promise((r) => setTimeout(r, 30));
-              state.writes.push({ t: performance.now(), n: RESPONSE_WRITES[i].length });
-              sock.write(RESPONSE_WRITES[i]);
+              state.writes.push({ t: performance.now(), n: writes[i].length });
+              sock.write(writes[i]);
             }
           } else {
             sock.write(closeAfter ? SMALL_RESPONSE.replace('\r\n\r\n', '\r\nConnection: close\r\n\r\n') : SMALL_RESPONSE);
@@ -406,7 +413,7 @@ async function verbatimTest(title, upstream, connect) {
 
   out('\n-- FINDINGS');
   const f1 = diffMessages('request ', request, upReq, false);
-  const f2 = diffMessages('response', upstreamWrote, res.msg.length ? clientGot : clientGot, true);
+  const f2 = diffMessages('response', upstreamWrote, clientGot, true);
   for (const f of [...f1, ...f2]) out('  * ' + f);
   c.destroy();
   return { request, upReq, clientGot, events: c.events, writes: upstream.state.writes, t0 };
@@ -490,7 +497,7 @@ async function main() {
   out(`  leaf cert presented to client: subject CN=${first.peerCert.subject?.CN} issuer CN=${first.peerCert.issuer?.CN} SAN=${first.peerCert.subjectaltname} bits=${first.peerCert.bits}`);
   out(`  listening handles after  (${after1.length}): new = ${after1.filter((x) => !before.includes(x)).join(', ') || '(none)'}`);
   out(`  proxy A sslServers keys after: ${JSON.stringify(Object.keys(A.proxy.sslServers))}`);
-  first.destroy();
+  first.sock.end();
   // Second, different hostname (TLS handshake only; no HTTP request => no upstream/DNS use).
   eld.reset(); eld.enable();
   t = performance.now();
@@ -501,11 +508,11 @@ async function main() {
   out(`  CONNECT second-host.invalid (handshake only) took ${secondMs.toFixed(0)} ms; max event-loop delay: ${(eld.max / 1e6).toFixed(1)} ms; leaf CN=${second.peerCert.subject?.CN}`);
   out(`  listening handles after 2nd host (${after2.length}): new = ${after2.filter((x) => !after1.includes(x)).join(', ') || '(none)'}`);
   out(`  proxy A sslServers keys: ${JSON.stringify(Object.keys(A.proxy.sslServers))}`);
-  second.destroy();
+  second.sock.end();
   t = performance.now();
   const third = await connectViaProxy(A.port, `127.0.0.1:${upstream.port}`);
   out(`  repeat CONNECT to 127.0.0.1 (server cached): ${(performance.now() - t).toFixed(1)} ms; listening handles now ${listeningServers().length}`);
-  third.destroy();
+  third.sock.end();
   out(`  files written to sslCaDir: ${fs.readdirSync(A.sslCaDir, { recursive: true }).filter((f) => /\./.test(f)).join(', ')}`);
 
   // ---- verbatim tests
@@ -520,6 +527,38 @@ async function main() {
   out(`  serverToProxyResponse.rawHeaders: ${JSON.stringify(observed.resRawHeaders)}`);
   out(`  onResponseData chunks           : ${JSON.stringify(observed.resData.map((b) => b.toString('latin1')))}`);
 
+  // ---- chunk split across TLS writes + response chunk extension + trailer
+  hr('RESPONSE RE-FRAMING: one chunk "b;ext=up" split across 2 upstream writes, plus a trailer field');
+  const splitReq = Buffer.from(`GET /split HTTP/1.1\r\nHost: 127.0.0.1:${upstream.port}\r\n\r\n`, 'latin1');
+  for (const [label, connect] of [
+    ['direct', () => connectDirect(upstream.port, creds.cert)],
+    ['proxy B', () => connectViaProxy(B.port, `127.0.0.1:${upstream.port}`)],
+  ]) {
+    upstream.state.writes = [];
+    const c = await connect();
+    const r = await c.request(splitReq);
+    await new Promise((res) => setTimeout(res, 20));
+    const got = Buffer.concat(c.events.map((e) => e.d));
+    out(`\n  [${label}] upstream writes: ${upstream.state.writes.map((w) => `${w.n}B@+${(w.t - c.t0).toFixed(1)}ms`).join(', ')}; client data events: ${c.events.map((e) => `${e.n}B@+${(e.t - c.t0).toFixed(1)}ms`).join(', ')}`);
+    c.events.forEach((e, i) => out(`     event ${i}: ${JSON.stringify(vis(e.d))}`));
+    for (const f of diffMessages('  split response', Buffer.concat(SPLIT_WRITES), got, true)) out('  * ' + f);
+    const fr = frame(got, true);
+    if (fr?.chunks) out(`  * chunk size lines seen by client: ${JSON.stringify(fr.chunks.map((ch) => ch.sizeLine))}; trailer bytes: ${JSON.stringify(vis(fr.chunks.at(-1).trailers))}`);
+    c.sock.end();
+  }
+
+  // ---- upstream TLS verification with the library's own default agent
+  hr('UPSTREAM TLS VERIFICATION: proxy D = pure defaults (no httpsAgent) against the self-signed upstream');
+  const D = await startMitm('D-pure-defaults', {});
+  {
+    const c = await connectViaProxy(D.port, `127.0.0.1:${upstream.port}`);
+    const before = upstream.state.requests.length;
+    const r = await c.request(Buffer.from(`GET /small HTTP/1.1\r\nHost: 127.0.0.1:${upstream.port}\r\n\r\n`, 'latin1'));
+    out(`  client received: ${JSON.stringify(vis(r.msg))}`);
+    out(`  requests that reached upstream: ${upstream.state.requests.length - before}; proxy D errors: ${JSON.stringify(D.proxy.errors)}`);
+    c.sock.end();
+  }
+
   // ---- timing
   hr('TIMING: 200 sequential small GETs (Content-Length response), one client connection reused when allowed');
   const N = 200;
@@ -528,9 +567,9 @@ async function main() {
   results.push(await timeSequential('via proxy A (defaults)', N, upstream, () => connectViaProxy(A.port, `127.0.0.1:${upstream.port}`)));
   results.push(await timeSequential('via proxy B (keepAlive:true)', N, upstream, () => connectViaProxy(B.port, `127.0.0.1:${upstream.port}`)));
   results.push(await timeSequential('via proxy C (B + observer hooks)', N, upstream, () => connectViaProxy(C.port, `127.0.0.1:${upstream.port}`)));
-  out(`  ${'path'.padEnd(34)} ${'ok'.padStart(4)} ${'total'.padStart(10)} ${'mean'.padStart(10)} ${'p50'.padStart(10)} ${'p99'.padStart(10)}  client-conns  upstream-TLS-conns`);
+  out(`  ${'path'.padEnd(34)} ${'ok'.padStart(4)} ${'total'.padStart(10)} ${'mean'.padStart(10)} ${'p50'.padStart(10)} ${'p99'.padStart(10)}  client-conns  new-upstream-TLS-conns`);
   for (const r of results) {
-    out(`  ${r.label.padEnd(34)} ${String(r.ok).padStart(4)} ${ms(r.total).padStart(10)} ${ms(r.mean).padStart(10)} ${ms(r.p50).padStart(10)} ${ms(r.p99).padStart(10)}  ${String(r.clientConns).padStart(12)}  ${String(r.upstreamConns).padStart(18)}`);
+    out(`  ${r.label.padEnd(34)} ${String(r.ok).padStart(4)} ${ms(r.total).padStart(10)} ${ms(r.mean).padStart(10)} ${ms(r.p50).padStart(10)} ${ms(r.p99).padStart(10)}  ${String(r.clientConns).padStart(12)}  ${String(r.upstreamConns).padStart(22)}`);
   }
   out('\n  first /small response as seen by the client on each path (upstream sent: ' + JSON.stringify(SMALL_RESPONSE) + '):');
   for (const r of results) out(`    ${r.label.padEnd(34)} ${JSON.stringify(vis(r.sample))}`);

@@ -21,13 +21,14 @@ export async function runDaemon(argv: string[]): Promise<number> {
   }
   if (args.positionals.length > 0 || args.rest) throw new UsageError(`daemon: unexpected argument '${args.positionals[0] ?? '--'}' (see 'mitm-replay daemon --help')`);
   const options = daemonOptionsFrom(args, 'daemon', 8877);
+  // Listen for signals before starting: a SIGTERM that arrives during start-up still shuts down cleanly.
+  const stopRequested = new Promise<void>((resolve) => {
+    process.once('SIGINT', () => resolve());
+    process.once('SIGTERM', () => resolve());
+  });
   const daemon = await Daemon.start(options);
   process.stderr.write(`mitm-replay daemon listening on ${daemon.url} (home ${options.home}); anonymous traffic records into trace ${daemon.anonymousTraceName}\n`);
-  await new Promise<void>((resolve) => {
-    const shutdown = () => resolve();
-    process.once('SIGINT', shutdown);
-    process.once('SIGTERM', shutdown);
-  });
+  await stopRequested;
   await daemon.stop();
   return 0;
 }

@@ -289,7 +289,7 @@ describe('upstream over TLS', () => {
     for (let i = 1; i < sentAt.length; i++) expect(sentAt[i]! - sentAt[i - 1]!).toBeGreaterThanOrEqual(75);
     // The client saw them spread out as well.
     expect(a.chunkTimes.length).toBe(4);
-    expect(a.chunkTimes[3]! - a.chunkTimes[0]!).toBeGreaterThanOrEqual(3 * 75);
+    expect(a.chunkTimes[3]! - a.chunkTimes[0]!).toBeGreaterThanOrEqual(3 * 60);
     expect(a.chunkTimes[0]!).toBeGreaterThanOrEqual(sentAt[0]!);
   });
 

@@ -1,0 +1,577 @@
+#!/usr/bin/env node
+/**
+ * Side-by-side proxy benchmark: the same local HTTPS upstream reached directly, through mitm-replay (recording),
+ * and through mitmdump (if installed). See bench/README.md for what each figure means.
+ *
+ *   npm run build && npm run bench              full run (3 rounds, < 3 minutes)
+ *   npm run bench -- --profile                  + CPU profiles of the daemon per phase (bench/profiles/)
+ *   npm run bench -- --quick                    1 round, short phases (smoke test)
+ *   npm run bench -- --no-mitmdump              skip mitmdump
+ *
+ * Processes: the upstream and the daemon each run in a child process of their own, mitmdump in its own, and
+ * the load generator here, so no proxy shares an event loop with the client. Loopback only.
+ */
+import { execFileSync, fork, spawn } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import net from 'node:net';
+import { cpus, tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { createSecureContext } from 'node:tls';
+import { fileURLToPath } from 'node:url';
+import { createBenchCa } from './ca.mjs';
+import { Conn, now, openTls } from './client.mjs';
+import { formatSummary, summarizeProfile } from './profile-summary.mjs';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const argv = new Set(process.argv.slice(2));
+const QUICK = argv.has('--quick');
+const PROFILE = argv.has('--profile');
+const MITMDUMP = argv.has('--no-mitmdump') ? null : ['/usr/bin/mitmdump', ...(process.env.PATH ?? '').split(':').map((d) => join(d, 'mitmdump'))].find((p) => existsSync(p)) ?? null;
+
+const CONFIG = {
+  rounds: QUICK ? 1 : 3,
+  connections: 8,
+  warmMs: QUICK ? 200 : 500,
+  measureMs: QUICK ? 1000 : 3000,
+  sseQuery: 'frames=3&gap=20',
+  sseSamples: QUICK ? 30 : 200, // in total per mode, spread over the rounds
+  largeMb: 20,
+  largeReps: 2, // per round and mode
+  mintHosts: 100,
+  deadlineMs: 175_000, // hard stop for the whole run
+};
+
+const MIB = 1024 * 1024;
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+const median = (xs) => {
+  const s = [...xs].sort((a, b) => a - b);
+  if (s.length === 0) return NaN;
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+};
+const percentile = (xs, p) => {
+  const s = [...xs].sort((a, b) => a - b);
+  if (s.length === 0) return NaN;
+  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))];
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// Child processes: tracked, and killed whatever happens
+// ---------------------------------------------------------------------------------------------------------------
+
+const children = new Set();
+const tempDirs = [];
+
+function cleanup() {
+  for (const child of children) {
+    if (child.exitCode === null && child.signalCode === null) {
+      try {
+        child.kill('SIGKILL');
+      } catch {
+        // already gone
+      }
+    }
+  }
+  children.clear();
+  for (const dir of tempDirs.splice(0)) rmSync(dir, { recursive: true, force: true });
+}
+process.on('exit', cleanup);
+for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
+  process.on(signal, () => {
+    console.error(`\n${signal}: stopping`);
+    cleanup();
+    process.exit(130);
+  });
+}
+
+function track(child, name) {
+  children.add(child);
+  child.once('exit', (code, signal) => {
+    children.delete(child);
+    if (!shuttingDown && (code !== 0 || signal)) console.error(`[bench] ${name} exited early (code ${code}, signal ${signal})`);
+  });
+  return child;
+}
+let shuttingDown = false;
+
+function tempDir(prefix) {
+  const dir = mkdtempSync(join(tmpdir(), prefix));
+  tempDirs.push(dir);
+  return dir;
+}
+
+/** Request/response over IPC with a forked child: resolves with the `${type}:done` answer. */
+function rpc(child, type, body = {}, timeoutMs = 30_000) {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => {
+      child.off('message', onMessage);
+      reject(new Error(`${type}: no answer within ${timeoutMs} ms`));
+    }, timeoutMs);
+    const onMessage = (message) => {
+      if (message?.type !== `${type}:done`) return;
+      clearTimeout(timer);
+      child.off('message', onMessage);
+      if (message.error) reject(new Error(`${type}: ${message.error}`));
+      else resolve(message);
+    };
+    child.on('message', onMessage);
+    child.send({ type, ...body });
+  });
+}
+
+async function startUpstream(ca) {
+  const child = track(fork(join(here, 'upstream-child.mjs'), [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }), 'upstream');
+  const ready = new Promise((resolve, reject) => {
+    child.once('message', resolve);
+    child.once('exit', () => reject(new Error('upstream exited before it was ready')));
+  });
+  child.send({ certPem: ca.certPem, keyPem: ca.keyPem });
+  const { port } = await ready;
+  return { child, port };
+}
+
+async function startDaemon(upstreamPort, upstreamCaPem) {
+  if (!existsSync(join(here, '..', 'dist', 'daemon.js'))) throw new Error('dist/ is missing: run `npm run build` first');
+  const home = tempDir('mitm-replay-bench-home-');
+  const child = track(fork(join(here, 'daemon-child.mjs'), [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }), 'mitm-replay daemon');
+  const { port, caPem } = await rpc(child, 'start', { home, upstreamPort, upstreamCaPem });
+  return { child, port, caPem };
+}
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address();
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+function canConnect(port) {
+  return new Promise((resolve) => {
+    const socket = net.connect({ host: '127.0.0.1', port });
+    socket.once('connect', () => {
+      socket.destroy();
+      resolve(true);
+    });
+    socket.once('error', () => resolve(false));
+  });
+}
+
+async function startMitmdump(binary) {
+  const confdir = tempDir('mitm-replay-bench-mitmdump-');
+  const port = await freePort();
+  const stderr = [];
+  const child = track(
+    spawn(binary, ['--listen-host', '127.0.0.1', '--listen-port', String(port), '--set', 'ssl_insecure=true', '--set', `confdir=${confdir}`, '-q'], {
+      stdio: ['ignore', 'ignore', 'pipe'],
+    }),
+    'mitmdump',
+  );
+  child.stderr.on('data', (d) => stderr.push(d));
+  const caFile = join(confdir, 'mitmproxy-ca-cert.pem');
+  const deadline = Date.now() + 30_000;
+  while (Date.now() < deadline) {
+    if (child.exitCode !== null) throw new Error(`mitmdump exited: ${Buffer.concat(stderr).toString()}`);
+    if (existsSync(caFile) && (await canConnect(port))) return { child, port, caPem: readFileSync(caFile, 'utf8') };
+    await sleep(100);
+  }
+  throw new Error('mitmdump did not start within 30 s');
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// CPU accounting per process (/proc), to show where the cycles go on a 2-core machine
+// ---------------------------------------------------------------------------------------------------------------
+
+let clockTicks = 100;
+try {
+  clockTicks = Number(execFileSync('getconf', ['CLK_TCK']).toString().trim()) || 100;
+} catch {
+  // keep 100
+}
+
+function cpuSeconds(pid) {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return (Number(fields[11]) + Number(fields[12])) / clockTicks; // utime + stime
+  } catch {
+    return NaN;
+  }
+}
+
+function cpuSnapshot(pids) {
+  return { at: now(), cpu: Object.fromEntries(Object.entries(pids).map(([name, pid]) => [name, cpuSeconds(pid)])) };
+}
+
+function cpuPercent(start, end) {
+  const wall = (end.at - start.at) / 1000;
+  return Object.fromEntries(Object.keys(start.cpu).map((name) => [name, (100 * (end.cpu[name] - start.cpu[name])) / wall]));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Phases
+// ---------------------------------------------------------------------------------------------------------------
+
+/** N workers doing GET /echo for warmMs + measureMs; fresh: a new (CONNECT +) TLS connection per request. */
+async function loadPhase(mode, fresh) {
+  const warmEnd = now() + CONFIG.warmMs;
+  const end = warmEnd + CONFIG.measureMs;
+  let count = 0;
+  let errors = 0;
+  let lastError = '';
+  let cpuStart = null;
+  let cpuEnd = null;
+  const pids = { bench: process.pid, upstream: upstreamPid, ...(mode.pid ? { proxy: mode.pid } : {}) };
+  const t1 = setTimeout(() => (cpuStart = cpuSnapshot(pids)), CONFIG.warmMs);
+  const t2 = setTimeout(() => (cpuEnd = cpuSnapshot(pids)), CONFIG.warmMs + CONFIG.measureMs);
+  const worker = async () => {
+    let conn = null;
+    while (now() < end) {
+      try {
+        if (!conn || conn.closed) conn = new Conn(await mode.open());
+        const r = await conn.request('/echo', { host: upstreamHost, close: fresh });
+        if (r.status !== 200) {
+          errors++;
+          lastError = `status ${r.status}`;
+        } else if (r.end >= warmEnd && r.end <= end) count++;
+        if (fresh) {
+          conn.close();
+          conn = null;
+        }
+      } catch (err) {
+        errors++;
+        lastError = err.message;
+        conn?.close();
+        conn = null;
+        await sleep(5);
+      }
+    }
+    conn?.close();
+  };
+  await Promise.all(Array.from({ length: CONFIG.connections }, worker));
+  clearTimeout(t1);
+  clearTimeout(t2);
+  const cpu = cpuStart && cpuEnd ? cpuPercent(cpuStart, cpuEnd) : {};
+  const rate = count / (CONFIG.measureMs / 1000);
+  return { rate, errors, lastError, cpu, proxyCpuUsPerReq: cpu.proxy !== undefined && count > 0 ? (cpu.proxy / 100) * (CONFIG.measureMs * 1000) / count : undefined };
+}
+
+/** Time to the first entity byte of a timed SSE response, on one already-open keep-alive connection. */
+async function ssePhase(mode, samples) {
+  const conn = new Conn(await mode.open());
+  const path = `/sse-timed?${CONFIG.sseQuery}`;
+  try {
+    for (let i = 0; i < 3; i++) await conn.request(path, { host: upstreamHost }); // warm-up, not counted
+    const ttfb = [];
+    for (let i = 0; i < samples; i++) {
+      const r = await conn.request(path, { host: upstreamHost });
+      if (r.status !== 200 || r.bytes === 0) throw new Error(`SSE answered ${r.status} with ${r.bytes} bytes`);
+      ttfb.push(r.firstByte - r.start);
+    }
+    return ttfb;
+  } finally {
+    conn.close();
+  }
+}
+
+/** MiB/s of GET /large?mb=N, request start to last byte, on one keep-alive connection. */
+async function largePhase(mode) {
+  const conn = new Conn(await mode.open());
+  try {
+    const rates = [];
+    for (let i = 0; i < CONFIG.largeReps; i++) {
+      const r = await conn.request(`/large?mb=${CONFIG.largeMb}`, { host: upstreamHost, timeoutMs: 60_000 });
+      if (r.status !== 200 || r.bytes !== CONFIG.largeMb * MIB) throw new Error(`large body: status ${r.status}, ${r.bytes} bytes`);
+      rates.push(CONFIG.largeMb / ((r.end - r.start) / 1000));
+    }
+    return rates;
+  } finally {
+    conn.close();
+  }
+}
+
+/**
+ * 100 CONNECTs to 100 host names the daemon has never seen, all at once, while the daemon measures its own
+ * event-loop delay. withRequest: each connection also sends GET /echo (so the daemon dials the upstream too).
+ */
+async function mintPhase(names, withRequest) {
+  await rpc(daemon.child, 'eld-start');
+  const t0 = now();
+  const results = await Promise.allSettled(
+    names.map(async (name) => {
+      const start = now();
+      const socket = await openTls({ proxyPort: daemon.port, host: name, port: 443, servername: name, secureContext: daemonContext, timeoutMs: 30_000 });
+      const handshakeMs = now() - start;
+      try {
+        if (withRequest) {
+          const r = await new Conn(socket).request('/echo', { host: name });
+          if (r.status !== 200) throw new Error(`status ${r.status}`);
+        }
+      } finally {
+        socket.destroy();
+      }
+      return handshakeMs;
+    }),
+  );
+  const wallMs = now() - t0;
+  const eld = await rpc(daemon.child, 'eld-stop');
+  const ok = results.filter((r) => r.status === 'fulfilled').map((r) => r.value);
+  const failed = results.filter((r) => r.status === 'rejected');
+  return { eldP50: eld.p50, eldP99: eld.p99, eldMax: eld.max, eldCount: eld.count, wallMs, handshakeP50: median(ok), handshakeMax: Math.max(...ok), failures: failed.length, firstFailure: failed[0]?.reason?.message };
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Main
+// ---------------------------------------------------------------------------------------------------------------
+
+let upstreamPid = 0;
+let upstreamHost = '';
+let daemon = null;
+let daemonContext = null;
+
+function fmt(x, digits = 0) {
+  if (x === undefined || Number.isNaN(x)) return '—';
+  return x.toLocaleString('en-US', { minimumFractionDigits: digits, maximumFractionDigits: digits });
+}
+
+async function main() {
+  const started = now();
+  const hardStop = setTimeout(() => {
+    console.error(`[bench] hard deadline of ${CONFIG.deadlineMs / 1000} s reached: giving up`);
+    cleanup();
+    process.exit(3);
+  }, CONFIG.deadlineMs + (PROFILE ? 60_000 : 0));
+
+  console.log(`# mitm-replay proxy bench — ${new Date().toISOString()}`);
+  console.log(`node ${process.version}, ${cpus().length} CPUs (${cpus()[0]?.model ?? '?'}), rounds ${CONFIG.rounds}${QUICK ? ' (quick)' : ''}`);
+
+  const ca = createBenchCa(['127.0.0.1', 'localhost', '*.bench.test']);
+  const upstream = await startUpstream(ca);
+  upstreamPid = upstream.child.pid;
+  upstreamHost = `127.0.0.1:${upstream.port}`;
+  daemon = await startDaemon(upstream.port, ca.caCertPem);
+  daemonContext = createSecureContext({ ca: daemon.caPem });
+  let mitm = null;
+  if (MITMDUMP) {
+    try {
+      mitm = await startMitmdump(MITMDUMP);
+    } catch (err) {
+      console.error(`[bench] mitmdump unavailable: ${err.message}`);
+    }
+  }
+  console.log(`upstream :${upstream.port} (pid ${upstream.child.pid}), mitm-replay :${daemon.port} (pid ${daemon.child.pid})${mitm ? `, mitmdump :${mitm.port} (pid ${mitm.child.pid}, ${MITMDUMP})` : ', no mitmdump'}`);
+
+  const target = { host: '127.0.0.1', port: upstream.port };
+  const upstreamContext = createSecureContext({ ca: ca.caCertPem });
+  const modes = [
+    { name: 'direct', open: () => openTls({ proxyPort: null, ...target, secureContext: upstreamContext }) },
+    { name: 'mitm-replay', pid: daemon.child.pid, open: () => openTls({ proxyPort: daemon.port, ...target, secureContext: daemonContext }) },
+  ];
+  if (mitm) {
+    const mitmContext = createSecureContext({ ca: mitm.caPem });
+    modes.push({ name: 'mitmdump', pid: mitm.child.pid, open: () => openTls({ proxyPort: mitm.port, ...target, secureContext: mitmContext }) });
+  }
+
+  // Sanity + warm-up: one request each way (mints 127.0.0.1's leaf in the proxies, fills pools).
+  for (const mode of modes) {
+    const conn = new Conn(await mode.open());
+    const r = await conn.request('/echo', { host: upstreamHost });
+    conn.close();
+    if (r.status !== 200) throw new Error(`${mode.name}: GET /echo answered ${r.status}`);
+  }
+
+  await rpc(daemon.child, 'eld-start');
+  await sleep(1000);
+  const idleEld = await rpc(daemon.child, 'eld-stop');
+
+  const results = Object.fromEntries(modes.map((m) => [m.name, { keepAlive: [], fresh: [], sse: [], large: [], cpuKeepAlive: [], cpuFresh: [], usPerReqKeepAlive: [], usPerReqFresh: [], errors: [] }]));
+  const mint = { pure: [], withRequest: [] };
+  const ssePerRound = (round) => Math.floor(CONFIG.sseSamples / CONFIG.rounds) + (round < CONFIG.sseSamples % CONFIG.rounds ? 1 : 0);
+
+  for (let round = 0; round < CONFIG.rounds; round++) {
+    const order = modes.map((_, i) => modes[(i + round) % modes.length]); // rotate, so no mode always goes first
+    const log = (s) => process.stdout.write(s);
+    log(`\nround ${round + 1}/${CONFIG.rounds} (${order.map((m) => m.name).join(', ')})\n`);
+    for (const [label, fresh] of [
+      ['keep-alive req/s', false],
+      ['new conn/s', true],
+    ]) {
+      log(`  ${label.padEnd(18)}`);
+      for (const mode of order) {
+        const r = await loadPhase(mode, fresh);
+        const bucket = results[mode.name];
+        (fresh ? bucket.fresh : bucket.keepAlive).push(r.rate);
+        (fresh ? bucket.cpuFresh : bucket.cpuKeepAlive).push(r.cpu);
+        (fresh ? bucket.usPerReqFresh : bucket.usPerReqKeepAlive).push(r.proxyCpuUsPerReq);
+        if (r.errors) bucket.errors.push(`${label}: ${r.errors} errors (${r.lastError})`);
+        log(`  ${mode.name} ${fmt(r.rate)}${r.errors ? ` (${r.errors} err)` : ''}`);
+      }
+      log('\n');
+    }
+    log(`  ${'SSE TTFB p50 ms'.padEnd(18)}`);
+    for (const mode of order) {
+      const samples = await ssePhase(mode, ssePerRound(round));
+      results[mode.name].sse.push(...samples);
+      log(`  ${mode.name} ${fmt(median(samples), 2)}`);
+    }
+    log(`\n  ${'large MiB/s'.padEnd(18)}`);
+    for (const mode of order) {
+      const rates = await largePhase(mode);
+      results[mode.name].large.push(...rates);
+      log(`  ${mode.name} ${rates.map((r) => fmt(r)).join('/')}`);
+    }
+    const suffix = round === 0 ? '' : `-r${round + 1}`;
+    const pure = await mintPhase(Array.from({ length: CONFIG.mintHosts }, (_, i) => `h${i + 1}${suffix}.bench.test`), false);
+    const withRequest = await mintPhase(Array.from({ length: CONFIG.mintHosts }, (_, i) => `g${i + 1}${suffix}.bench.test`), true);
+    mint.pure.push(pure);
+    mint.withRequest.push(withRequest);
+    log(`\n  mint 100 hosts     handshakes only: ELD p99 ${fmt(pure.eldP99, 2)} ms max ${fmt(pure.eldMax, 2)} ms, ${fmt(pure.wallMs)} ms wall${pure.failures ? `, ${pure.failures} FAILED (${pure.firstFailure})` : ''}`);
+    log(`\n                     + GET each:      ELD p99 ${fmt(withRequest.eldP99, 2)} ms max ${fmt(withRequest.eldMax, 2)} ms, ${fmt(withRequest.wallMs)} ms wall${withRequest.failures ? `, ${withRequest.failures} FAILED (${withRequest.firstFailure})` : ''}\n`);
+  }
+
+  // ---- profiles (optional): the daemon only, one phase at a time
+  const profiles = [];
+  if (PROFILE) {
+    const dir = join(here, 'profiles');
+    mkdirSync(dir, { recursive: true });
+    const mode = modes.find((m) => m.name === 'mitm-replay');
+    const phases = [
+      ['keep-alive', () => loadPhase(mode, false)],
+      ['new-connections', () => loadPhase(mode, true)],
+      ['sse', () => ssePhase(mode, 50)],
+      ['large', () => largePhase(mode)],
+      ['mint', () => mintPhase(Array.from({ length: CONFIG.mintHosts }, (_, i) => `p${i + 1}.bench.test`), false)],
+    ];
+    for (const [name, run] of phases) {
+      const file = join(dir, `${name}.cpuprofile`);
+      await rpc(daemon.child, 'profile-start');
+      await run();
+      await rpc(daemon.child, 'profile-stop', { file });
+      profiles.push({ name, file, summary: summarizeProfile(JSON.parse(readFileSync(file, 'utf8')), 15) });
+    }
+  }
+
+  // ---- report
+  const direct = results.direct;
+  const rows = [];
+  const ratio = (a, b) => (b > 0 ? a / b : NaN);
+  const line = (metric, pick, digits, target) => {
+    const d = pick(direct);
+    const cells = [metric, fmt(d, digits)];
+    for (const name of ['mitm-replay', 'mitmdump']) {
+      if (!results[name]) {
+        cells.push('—', '—');
+        continue;
+      }
+      const v = pick(results[name]);
+      cells.push(fmt(v, digits), `${fmt(ratio(v, d), 2)}×`);
+    }
+    cells.push(target ?? '');
+    rows.push(cells);
+  };
+  line('keep-alive GET /echo, req/s (8 conns)', (r) => median(r.keepAlive), 0, '≥ 0.5× direct');
+  line('new CONNECT+TLS conns/s (8 concurrent)', (r) => median(r.fresh), 0, '≥ 0.5× direct');
+  line('large body GET /large?mb=20, MiB/s', (r) => median(r.large), 0, '');
+  const sse = (name, p) => (results[name] ? percentile(results[name].sse, p) : NaN);
+  const sseRow = (p) => {
+    const d = sse('direct', p);
+    const cells = [`SSE time to first byte p${p}, ms`, fmt(d, 2)];
+    for (const name of ['mitm-replay', 'mitmdump']) {
+      const v = sse(name, p);
+      cells.push(fmt(v, 2), results[name] ? `+${fmt(v - d, 2)} ms` : '—');
+    }
+    cells.push(p === 50 ? 'overhead ≤ 1 ms' : '');
+    rows.push(cells);
+  };
+  sseRow(50);
+  sseRow(99);
+  const mintP99 = median(mint.pure.map((m) => m.eldP99));
+  const mintMax = Math.max(...mint.pure.map((m) => m.eldMax));
+  const mintReqP99 = median(mint.withRequest.map((m) => m.eldP99));
+  const mintReqMax = Math.max(...mint.withRequest.map((m) => m.eldMax));
+  rows.push(['daemon event-loop delay, 100 new hosts (CONNECT+TLS), p99 / max ms', '—', `${fmt(mintP99, 2)} / ${fmt(mintMax, 2)}`, '', '—', '', 'p99 ≤ 5 ms']);
+  rows.push(['… same, + one GET per host (upstream dial), p99 / max ms', '—', `${fmt(mintReqP99, 2)} / ${fmt(mintReqMax, 2)}`, '', '—', '', '(p99 ≤ 5 ms)']);
+  rows.push(['daemon event-loop delay idle, p99 / max ms', '—', `${fmt(idleEld.p99, 2)} / ${fmt(idleEld.max, 2)}`, '', '—', '', '']);
+
+  const header = ['metric', 'direct', 'mitm-replay', 'ratio', 'mitmdump', 'ratio', 'target'];
+  const table = [`| ${header.join(' | ')} |`, `|${header.map((_, i) => (i === 0 ? ':---' : '---:')).join('|')}|`, ...rows.map((r) => `| ${r.join(' | ')} |`)].join('\n');
+
+  const mr = results['mitm-replay'];
+  const sseOverhead = sse('mitm-replay', 50) - sse('direct', 50);
+  const targets = [
+    ['keep-alive req/s ≥ 0.5× direct', ratio(median(mr.keepAlive), median(direct.keepAlive)) >= 0.5, `${fmt(ratio(median(mr.keepAlive), median(direct.keepAlive)), 2)}×`],
+    ['new connections/s ≥ 0.5× direct', ratio(median(mr.fresh), median(direct.fresh)) >= 0.5, `${fmt(ratio(median(mr.fresh), median(direct.fresh)), 2)}×`],
+    ['SSE TTFB p50 overhead ≤ 1 ms', sseOverhead <= 1, `+${fmt(sseOverhead, 2)} ms`],
+    ['event-loop delay p99 ≤ 5 ms while minting 100 hosts', mintP99 <= 5, `${fmt(mintP99, 2)} ms`],
+  ];
+
+  const cpuLine = (name, key, usKey) => {
+    const r = results[name];
+    if (!r) return null;
+    const procs = ['bench', 'upstream', 'proxy'];
+    const parts = procs
+      .filter((p) => r[key][0]?.[p] !== undefined)
+      .map((p) => `${p === 'proxy' ? name : p} ${fmt(median(r[key].map((c) => c[p])))}%`);
+    const us = median(r[usKey].filter((x) => x !== undefined));
+    return `  ${name.padEnd(12)} ${parts.join(', ')}${Number.isFinite(us) ? `; proxy CPU ${fmt(us)} µs/request` : ''}`;
+  };
+
+  console.log(`\n## Results (median of ${CONFIG.rounds} round${CONFIG.rounds > 1 ? 's' : ''}; SSE: ${CONFIG.sseSamples} samples pooled; large: ${CONFIG.rounds * CONFIG.largeReps} fetches)\n`);
+  console.log(table);
+  console.log('\n## Targets (mitm-replay while recording)\n');
+  for (const [what, met, value] of targets) console.log(`- ${met ? 'MET   ' : 'MISSED'} ${what}: ${value}`);
+  console.log('\n## CPU use per process during the load phases (% of one core; 2 cores = 200%)\n');
+  console.log('keep-alive:');
+  for (const m of modes) console.log(cpuLine(m.name, 'cpuKeepAlive', 'usPerReqKeepAlive'));
+  console.log('new connections:');
+  for (const m of modes) console.log(cpuLine(m.name, 'cpuFresh', 'usPerReqFresh'));
+  console.log('\n## Per round\n');
+  for (const m of modes) {
+    const r = results[m.name];
+    console.log(`  ${m.name.padEnd(12)} keep-alive ${r.keepAlive.map((x) => fmt(x)).join(' / ')}; new conns ${r.fresh.map((x) => fmt(x)).join(' / ')}; large ${r.large.map((x) => fmt(x)).join(' / ')} MiB/s${r.errors.length ? `; errors: ${r.errors.join('; ')}` : ''}`);
+  }
+  console.log(`  mint ELD p99 (handshakes only) ${mint.pure.map((m) => fmt(m.eldP99, 2)).join(' / ')} ms, max ${mint.pure.map((m) => fmt(m.eldMax, 2)).join(' / ')} ms, wall ${mint.pure.map((m) => fmt(m.wallMs)).join(' / ')} ms, handshake p50 ${mint.pure.map((m) => fmt(m.handshakeP50)).join(' / ')} ms`);
+  console.log(`  mint ELD p99 (+ GET)           ${mint.withRequest.map((m) => fmt(m.eldP99, 2)).join(' / ')} ms, max ${mint.withRequest.map((m) => fmt(m.eldMax, 2)).join(' / ')} ms, wall ${mint.withRequest.map((m) => fmt(m.wallMs)).join(' / ')} ms`);
+  const failures = [...mint.pure, ...mint.withRequest].reduce((n, m) => n + m.failures, 0);
+  if (failures) console.log(`  mint failures: ${failures}`);
+
+  for (const p of profiles) console.log(`\n${formatSummary(`daemon profile, ${p.name} (${p.file.replace(`${here}/`, 'bench/')})`, p.summary)}`);
+
+  const json = {
+    date: new Date().toISOString(),
+    node: process.version,
+    cpus: cpus().length,
+    cpuModel: cpus()[0]?.model,
+    config: CONFIG,
+    mitmdump: mitm ? MITMDUMP : null,
+    results,
+    mint,
+    idleEld,
+    targets: targets.map(([what, met, value]) => ({ what, met, value })),
+    profiles: profiles.map((p) => ({ name: p.name, file: p.file, summary: p.summary })),
+  };
+  writeFileSync(join(here, QUICK ? 'latest-quick.json' : 'latest.json'), `${JSON.stringify(json, null, 2)}\n`);
+  console.log(`\ntotal ${fmt((now() - started) / 1000, 1)} s; raw figures in bench/${QUICK ? 'latest-quick.json' : 'latest.json'}`);
+
+  // ---- shutdown
+  shuttingDown = true;
+  await rpc(daemon.child, 'stop', {}, 15_000).catch(() => undefined);
+  if (mitm) mitm.child.kill('SIGTERM');
+  upstream.child.disconnect();
+  await sleep(200);
+  clearTimeout(hardStop);
+  cleanup();
+}
+
+main().then(
+  () => process.exit(0),
+  (err) => {
+    console.error(`[bench] failed: ${err.stack ?? err}`);
+    shuttingDown = true;
+    cleanup();
+    process.exit(1);
+  },
+);
