@@ -448,8 +448,12 @@ async function main() {
     for (const [name, run] of phases) {
       const file = join(dir, `${name}.cpuprofile`);
       await rpc(daemon.child, 'profile-start');
-      await run();
+      const t0 = now();
+      const outcome = await run();
+      const ms = now() - t0;
       await rpc(daemon.child, 'profile-stop', { file });
+      const detail = outcome?.rate !== undefined ? `${fmt(outcome.rate)}/s${outcome.errors ? `, ${outcome.errors} errors (${outcome.lastError})` : ''}` : '';
+      console.log(`  profiled ${name}: ${fmt(ms)} ms ${detail}`);
       profiles.push({ name, file, summary: summarizeProfile(JSON.parse(readFileSync(file, 'utf8')), 15) });
     }
   }

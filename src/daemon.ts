@@ -255,7 +255,7 @@ export class Daemon {
     const name = request.trace ?? defaultTraceName();
     if (!isValidTraceName(name)) throw new DaemonError(`invalid trace name '${name}': use 1-64 of A-Z a-z 0-9 . _ - (not 'last')`, 400);
     if (this.sessions.get(name)) throw new DaemonError(`trace '${name}' is being recorded by a live session: pick another name with --trace`, 409);
-    if (name === this.anonymousTraceName && this.anonymous) throw new DaemonError(`trace '${name}' is the daemon's trace for anonymous traffic: pick another name with --trace`, 409);
+    if (name === this.anonymousTraceName) throw new DaemonError(`trace '${name}' is the daemon's trace for anonymous traffic: pick another name with --trace`, 409);
     const writer = await this.openWriter(name, { source: request.source, command: request.command, cwd: request.cwd }, request.force ? 'replace' : 'refuse');
     const session: Session = {
       trace: name,

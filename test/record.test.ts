@@ -125,6 +125,7 @@ describe('mitm-replay record -- CMD', () => {
     expect(a.code).toBe(0);
     expect(b.code, b.stderr).toBe(0);
     expect(b.stderr).toContain('using the daemon already running');
+    expect(b.stderr).toContain('--intercept, --connect-to, --upstream-ca are ignored');
     expect((await readTrace(home, 'one')).map((e) => e.record.kind)).toEqual(['http']);
     expect((await readTrace(home, 'two')).map((e) => e.record.kind)).toEqual(['http']);
   });

@@ -65,11 +65,14 @@ async function connectBackend(args: ReturnType<typeof parseArgs>, request: Sessi
     const client = await DaemonClient.find(paths.stateFile);
     if (client) {
       const session = await client.createSession(request);
+      const ignored = ['listen', 'intercept', 'connect-to', 'upstream-ca', 'redact-rules'].filter((name) => args.flags.has(name));
       return {
         session,
         end: (result) => client.endSession(session.trace, result),
         close: async () => undefined,
-        note: `using the daemon already running for ${options.home} (pid ${client.state.pid})`,
+        note:
+          `using the daemon already running for ${options.home} (pid ${client.state.pid})` +
+          (ignored.length > 0 ? `; its own settings apply, so ${ignored.map((n) => `--${n}`).join(', ')} ${ignored.length === 1 ? 'is' : 'are'} ignored` : ''),
       };
     }
     let daemon: Daemon;
