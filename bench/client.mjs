@@ -134,9 +134,15 @@ export class Conn {
       };
     });
     this.socket.write(`GET ${path} HTTP/1.1\r\nHost: ${host}\r\nUser-Agent: mitm-replay-bench\r\nAccept: */*\r\n${close ? 'Connection: close\r\n' : ''}\r\n`);
+    const pending = this.pending;
     return withTimeout(promise, timeoutMs, `GET ${path}`, () => {
+      // say how far the response got, for the report
+      this.stalled = pending.mode === 'head' ? `no response head (${pending.head?.length ?? 0} bytes of head)` : `head received (status ${pending.status}), ${pending.bytes} body bytes`;
       this.pending = null;
       this.socket.destroy();
+    }).catch((err) => {
+      if (this.stalled) err.message += `: ${this.stalled}`;
+      throw err;
     });
   }
 

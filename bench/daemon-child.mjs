@@ -35,7 +35,7 @@ const handlers = {
       intercept: ['*'],
       connectTo: [parseConnectTo(`::127.0.0.1:${upstreamPort}`)],
       upstreamCAs: [upstreamCaPem],
-      logger: createLogger({ level: 'warn' }),
+      logger: createLogger({ level: process.env.BENCH_DAEMON_LOG_LEVEL ?? 'warn' }),
     });
     return { port: daemon.port, caPem: readFileSync(join(home, 'certs', 'ca.pem'), 'utf8') };
   },

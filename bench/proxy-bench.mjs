@@ -125,7 +125,7 @@ async function startUpstream(ca) {
     child.once('message', resolve);
     child.once('exit', () => reject(new Error('upstream exited before it was ready')));
   });
-  child.send({ certPem: ca.certPem, keyPem: ca.keyPem });
+  child.send({ type: 'start', certPem: ca.certPem, keyPem: ca.keyPem });
   const { port } = await ready;
   return { child, port };
 }
@@ -217,6 +217,7 @@ function cpuPercent(start, end) {
 
 /** N workers doing GET /echo for warmMs + measureMs; fresh: a new (CONNECT +) TLS connection per request. */
 async function loadPhase(mode, fresh) {
+  const statsBefore = await rpc(upstreamChild, 'stats');
   const warmEnd = now() + CONFIG.warmMs;
   const end = warmEnd + CONFIG.measureMs;
   let count = 0;
@@ -229,9 +230,14 @@ async function loadPhase(mode, fresh) {
   const t2 = setTimeout(() => (cpuEnd = cpuSnapshot(pids)), CONFIG.warmMs + CONFIG.measureMs);
   const worker = async () => {
     let conn = null;
+    let onConn = 0;
     while (now() < end) {
       try {
-        if (!conn || conn.closed) conn = new Conn(await mode.open());
+        if (!conn || conn.closed) {
+          conn = new Conn(await mode.open());
+          onConn = 0;
+        }
+        onConn++;
         const r = await conn.request('/echo', { host: upstreamHost, close: fresh });
         if (r.status !== 200) {
           errors++;
@@ -243,7 +249,7 @@ async function loadPhase(mode, fresh) {
         }
       } catch (err) {
         errors++;
-        lastError = err.message;
+        lastError = `${err.message} (request ${onConn} on its connection)`;
         conn?.close();
         conn = null;
         await sleep(5);
@@ -254,9 +260,15 @@ async function loadPhase(mode, fresh) {
   await Promise.all(Array.from({ length: CONFIG.connections }, worker));
   clearTimeout(t1);
   clearTimeout(t2);
+  const statsAfter = await rpc(upstreamChild, 'stats');
+  const upstream = {
+    connections: statsAfter.connections - statsBefore.connections,
+    resumed: statsAfter.resumed - statsBefore.resumed,
+    requests: statsAfter.requests - statsBefore.requests,
+  };
   const cpu = cpuStart && cpuEnd ? cpuPercent(cpuStart, cpuEnd) : {};
   const rate = count / (CONFIG.measureMs / 1000);
-  return { rate, errors, lastError, cpu, proxyCpuUsPerReq: cpu.proxy !== undefined && count > 0 ? (cpu.proxy / 100) * (CONFIG.measureMs * 1000) / count : undefined };
+  return { rate, errors, lastError, cpu, upstream, proxyCpuUsPerReq: cpu.proxy !== undefined && count > 0 ? (cpu.proxy / 100) * (CONFIG.measureMs * 1000) / count : undefined };
 }
 
 /** Time to the first entity byte of a timed SSE response, on one already-open keep-alive connection. */
@@ -328,6 +340,7 @@ async function mintPhase(names, withRequest) {
 // ---------------------------------------------------------------------------------------------------------------
 
 let upstreamPid = 0;
+let upstreamChild = null;
 let upstreamHost = '';
 let daemon = null;
 let daemonContext = null;
@@ -351,6 +364,7 @@ async function main() {
   const ca = createBenchCa(['127.0.0.1', 'localhost', '*.bench.test']);
   const upstream = await startUpstream(ca);
   upstreamPid = upstream.child.pid;
+  upstreamChild = upstream.child;
   upstreamHost = `127.0.0.1:${upstream.port}`;
   daemon = await startDaemon(upstream.port, ca.caCertPem);
   daemonContext = createSecureContext({ ca: daemon.caPem });
@@ -387,7 +401,7 @@ async function main() {
   await sleep(1000);
   const idleEld = await rpc(daemon.child, 'eld-stop');
 
-  const results = Object.fromEntries(modes.map((m) => [m.name, { keepAlive: [], fresh: [], sse: [], large: [], cpuKeepAlive: [], cpuFresh: [], usPerReqKeepAlive: [], usPerReqFresh: [], errors: [] }]));
+  const results = Object.fromEntries(modes.map((m) => [m.name, { keepAlive: [], fresh: [], sse: [], large: [], cpuKeepAlive: [], cpuFresh: [], upstreamKeepAlive: [], upstreamFresh: [], usPerReqKeepAlive: [], usPerReqFresh: [], errors: [] }]));
   const mint = { pure: [], withRequest: [] };
   const ssePerRound = (round) => Math.floor(CONFIG.sseSamples / CONFIG.rounds) + (round < CONFIG.sseSamples % CONFIG.rounds ? 1 : 0);
 
@@ -405,6 +419,7 @@ async function main() {
         const bucket = results[mode.name];
         (fresh ? bucket.fresh : bucket.keepAlive).push(r.rate);
         (fresh ? bucket.cpuFresh : bucket.cpuKeepAlive).push(r.cpu);
+        (fresh ? bucket.upstreamFresh : bucket.upstreamKeepAlive).push(r.upstream);
         (fresh ? bucket.usPerReqFresh : bucket.usPerReqKeepAlive).push(r.proxyCpuUsPerReq);
         if (r.errors) bucket.errors.push(`${label}: ${r.errors} errors (${r.lastError})`);
         log(`  ${mode.name} ${fmt(r.rate)}${r.errors ? ` (${r.errors} err)` : ''}`);
@@ -512,6 +527,12 @@ async function main() {
     ['event-loop delay p99 ≤ 5 ms while minting 100 hosts', mintP99 <= 5, `${fmt(mintP99, 2)} ms`],
   ];
 
+  const upstreamLine = (list) => {
+    const c = list.reduce((n, u) => n + u.connections, 0);
+    const q = list.reduce((n, u) => n + u.requests, 0);
+    const resumed = list.reduce((n, u) => n + u.resumed, 0);
+    return `upstream TLS conns ${fmt(c)} for ${fmt(q)} requests (${fmt(resumed)} resumed)`;
+  };
   const cpuLine = (name, key, usKey) => {
     const r = results[name];
     if (!r) return null;
@@ -520,7 +541,8 @@ async function main() {
       .filter((p) => r[key][0]?.[p] !== undefined)
       .map((p) => `${p === 'proxy' ? name : p} ${fmt(median(r[key].map((c) => c[p])))}%`);
     const us = median(r[usKey].filter((x) => x !== undefined));
-    return `  ${name.padEnd(12)} ${parts.join(', ')}${Number.isFinite(us) ? `; proxy CPU ${fmt(us)} µs/request` : ''}`;
+    const upstreamKey = key === 'cpuKeepAlive' ? 'upstreamKeepAlive' : 'upstreamFresh';
+    return `  ${name.padEnd(12)} ${parts.join(', ')}${Number.isFinite(us) ? `; proxy CPU ${fmt(us)} µs/request` : ''}; ${upstreamLine(r[upstreamKey])}`;
   };
 
   console.log(`\n## Results (median of ${CONFIG.rounds} round${CONFIG.rounds > 1 ? 's' : ''}; SSE: ${CONFIG.sseSamples} samples pooled; large: ${CONFIG.rounds * CONFIG.largeReps} fetches)\n`);

@@ -4,7 +4,8 @@
  *   /echo                          small JSON document describing the request
  *   GET /large?mb=N                N MiB of deterministic bytes (content-length)
  *   GET /sse-timed?frames=N&gap=MS N SSE frames, the first at once, then one every MS ms (chunked)
- * Exits when the parent goes away.
+ * IPC: { type: 'start', certPem, keyPem } → { type: 'ready', port }; { type: 'stats' } → TLS connections and requests
+ * accepted so far. Exits when the parent goes away.
  */
 import { createHash } from 'node:crypto';
 import https from 'node:https';
@@ -91,12 +92,21 @@ async function route(req, res, body) {
   return sendJson(res, 404, { error: { type: 'not_found', message: `no route for ${method} ${url.pathname}` } });
 }
 
-process.once('message', (message) => {
+const stats = { connections: 0, requests: 0, resumed: 0 };
+
+process.on('message', (message) => {
+  if (message.type === 'stats') return process.send({ type: 'stats:done', ...stats });
+  if (message.type !== 'start') return;
   const { certPem, keyPem } = message;
   const server = https.createServer({ cert: certPem, key: keyPem, ALPNProtocols: ['http/1.1'] });
   server.keepAliveTimeout = 30_000;
   server.headersTimeout = 30_000;
+  server.on('secureConnection', (socket) => {
+    stats.connections++;
+    if (socket.isSessionReused()) stats.resumed++;
+  });
   server.on('request', (req, res) => {
+    stats.requests++;
     res.on('error', () => {});
     req.on('error', () => {});
     const chunks = [];

@@ -10,7 +10,9 @@ import { ensureHome, type HomePaths } from './home.js';
 import type { ConnectToRule } from './proxy/connect-to.js';
 import type { LocalResponse } from './proxy/connection.js';
 import { ProxyListener } from './proxy/listener.js';
-import { SessionRegistry, type Session } from './proxy/sessions.js';
+import { SessionRegistry, type Session, type SessionTarget } from './proxy/sessions.js';
+import { ReplayError, ReplayPlayer, type ReplayOptions } from './replay/player.js';
+import type { ReplayReport } from './replay/verdict.js';
 import { UpstreamPool } from './proxy/upstream.js';
 import { FORMAT_VERSION, defaultTraceName, isValidTraceName, type TraceMeta } from './trace/schema.js';
 import { TraceStore, type TraceSummary } from './trace/store.js';
@@ -34,6 +36,8 @@ export interface DaemonOptions {
   logger?: Logger;
   /** started by `record` for its own duration rather than as a long-running service */
   ephemeral?: boolean;
+  /** `daemon --replay NAME`: anonymous traffic replays this trace instead of recording */
+  replay?: { trace: string } & ReplayOptions;
 }
 
 export interface DaemonState {
@@ -47,9 +51,17 @@ export interface DaemonState {
 }
 
 export interface SessionRequest {
+  /** default `record` */
+  mode?: 'record' | 'replay';
+  /** the trace to record into, or to replay (`last` allowed for replay) */
   trace?: string;
+  /** replay options */
+  diagnostic?: boolean;
+  pace?: 'fast' | 'recorded';
+  allowLive?: string[];
   force?: boolean;
-  source: TraceMeta['source'];
+  /** how a recording was started (default `env`) */
+  source?: TraceMeta['source'];
   command?: string[];
   cwd?: string;
   ownerPid?: number;
@@ -57,17 +69,18 @@ export interface SessionRequest {
 }
 
 export interface SessionInfo {
+  mode: 'record' | 'replay';
+  /** the session's id: the trace name when recording, the run ID when replaying */
+  id: string;
   trace: string;
   token: string;
   proxyUrl: string;
   baseUrlPrefix: string;
 }
 
-export interface SessionEnd {
-  trace: string;
-  summary: TraceSummary;
-  writeErrors: number;
-}
+export type SessionEnd =
+  | { mode: 'record'; id: string; trace: string; summary: TraceSummary; writeErrors: number }
+  | { mode: 'replay'; id: string; trace: string; report: ReplayReport };
 
 export class DaemonError extends Error {
   constructor(
@@ -98,6 +111,9 @@ export function writePrivateFile(path: string, content: string): void {
 export class Daemon {
   readonly token = randomBytes(24).toString('base64url');
   private anonymous: Promise<TraceWriter> | null = null;
+  private anonymousReplay: ReplayPlayer | null = null;
+  /** `daemon --replay`: the anonymous replay's report, once the daemon stopped */
+  finalReplayReport: ReplayReport | null = null;
   private stopping: Promise<void> | null = null;
   private ownerWatch: NodeJS.Timeout | null = null;
   private idleWaiters: (() => void)[] = [];
@@ -144,7 +160,7 @@ export class Daemon {
       sessions,
       intercept: options.intercept,
       log,
-      anonymousWriter: () => self!.anonymousWriter(),
+      anonymousTarget: () => self!.anonymousTarget(),
       control: (method, path, authorization, body) => self!.control(method, path, authorization, body),
       isSelf: (host, port) => self?.isSelf(host, port) ?? false,
       listenHost: () => self?.host ?? '127.0.0.1',
@@ -159,7 +175,16 @@ export class Daemon {
       if (code === 'EADDRINUSE') throw new DaemonError(`${options.host ?? '127.0.0.1'}:${options.port} is already in use: stop what listens there or pick another with --listen`, 409);
       throw err;
     }
-    if (options.trace !== undefined && (await store.getTrace(options.trace))) {
+    if (options.replay) {
+      try {
+        const trace = await daemon.resolveTraceName(options.replay.trace);
+        daemon.anonymousReplay = await ReplayPlayer.load(store, trace, options.replay);
+      } catch (err) {
+        await daemon.stop();
+        if (err instanceof ReplayError) throw new DaemonError(err.message, err.status);
+        throw err;
+      }
+    } else if (options.trace !== undefined && (await store.getTrace(options.trace))) {
       // Restarted with the same --trace (after a crash, say): continue that trace and note the restart.
       daemon.anonymous = daemon.openWriter(options.trace, { source: 'daemon' }, 'resume');
       await daemon.anonymous;
@@ -250,17 +275,31 @@ export class Daemon {
     return this.anonymous;
   }
 
+  async anonymousTarget(): Promise<SessionTarget> {
+    if (this.anonymousReplay) return { kind: 'replay', player: this.anonymousReplay };
+    return { kind: 'record', writer: await this.anonymousWriter() };
+  }
+
+  /** `last` → the most recently created trace. */
+  async resolveTraceName(name: string): Promise<string> {
+    if (name !== 'last') return name;
+    const latest = await this.store.latestTraceName();
+    if (!latest) throw new DaemonError(`there is no trace yet in ${this.options.home} (record one with 'mitm-replay record -- CMD')`, 404);
+    return latest;
+  }
+
   async registerSession(request: SessionRequest): Promise<SessionInfo> {
     if (this.stopping) throw new DaemonError('the daemon is shutting down', 503);
+    if (request.mode === 'replay') return this.registerReplay(request);
     const name = request.trace ?? defaultTraceName();
     if (!isValidTraceName(name)) throw new DaemonError(`invalid trace name '${name}': use 1-64 of A-Z a-z 0-9 . _ - (not 'last')`, 400);
     if (this.sessions.get(name)) throw new DaemonError(`trace '${name}' is being recorded by a live session: pick another name with --trace`, 409);
     if (name === this.anonymousTraceName) throw new DaemonError(`trace '${name}' is the daemon's trace for anonymous traffic: pick another name with --trace`, 409);
-    const writer = await this.openWriter(name, { source: request.source, command: request.command, cwd: request.cwd }, request.force ? 'replace' : 'refuse');
+    const writer = await this.openWriter(name, { source: request.source ?? 'env', command: request.command, cwd: request.cwd }, request.force ? 'replace' : 'refuse');
     const session: Session = {
-      trace: name,
+      id: name,
       token: SessionRegistry.newToken(),
-      writer,
+      target: { kind: 'record', writer },
       createdAt: Date.now(),
       ownerPid: request.ownerPid,
       keepsDaemonAlive: request.keepsDaemonAlive ?? false,
@@ -270,11 +309,43 @@ export class Daemon {
     return this.sessionInfo(session);
   }
 
+  private async registerReplay(request: SessionRequest): Promise<SessionInfo> {
+    if (request.trace === undefined) throw new DaemonError('replay needs a trace name (or last)', 400);
+    const trace = await this.resolveTraceName(request.trace);
+    if (!isValidTraceName(trace)) throw new DaemonError(`invalid trace name '${trace}': use 1-64 of A-Z a-z 0-9 . _ -`, 400);
+    if (this.sessions.get(trace)) throw new DaemonError(`trace '${trace}' is still being recorded: end that session before replaying it`, 409);
+    let player: ReplayPlayer;
+    try {
+      player = await ReplayPlayer.load(this.store, trace, {
+        diagnostic: request.diagnostic ?? false,
+        pace: request.pace ?? 'fast',
+        allowLive: request.allowLive ?? [],
+        cwd: request.cwd,
+      });
+    } catch (err) {
+      if (err instanceof ReplayError) throw new DaemonError(err.message, err.status);
+      throw err;
+    }
+    const session: Session = {
+      id: player.runId,
+      token: SessionRegistry.newToken(),
+      target: { kind: 'replay', player },
+      createdAt: Date.now(),
+      ownerPid: request.ownerPid,
+      keepsDaemonAlive: request.keepsDaemonAlive ?? false,
+    };
+    this.sessions.add(session);
+    this.log.info({ trace, run: player.runId }, 'replay session started');
+    return this.sessionInfo(session);
+  }
+
   sessionInfo(session: Session): SessionInfo {
-    const credentials = `${encodeURIComponent(session.trace)}:${encodeURIComponent(session.token)}`;
+    const credentials = `${encodeURIComponent(session.id)}:${encodeURIComponent(session.token)}`;
     const host = net.isIPv6(this.host) ? `[${this.host}]` : this.host;
     return {
-      trace: session.trace,
+      mode: session.target.kind,
+      id: session.id,
+      trace: session.target.kind === 'record' ? session.target.writer.name : session.target.player.trace,
       token: session.token,
       proxyUrl: `http://${credentials}@${host}:${this.port}`,
       baseUrlPrefix: `${this.url.replace(/^http:/, 'https:')}/__mitm-replay/b/${credentials}`,
@@ -285,16 +356,33 @@ export class Daemon {
    * Ends a session and closes its trace. `notify: false` leaves waking `whenIdle()` to the caller, so a control
    * request is answered before an in-process daemon that was waiting for it stops.
    */
-  async endSession(trace: string, result: { exitCode?: number; signal?: string } = {}, notify = true): Promise<SessionEnd> {
-    const session = this.sessions.remove(trace);
-    if (!session) throw new DaemonError(`no live session named '${trace}'`, 404);
+  async endSession(id: string, result: { exitCode?: number; signal?: string } = {}, notify = true): Promise<SessionEnd> {
+    const session = this.sessions.remove(id);
+    if (!session) throw new DaemonError(`no live session named '${id}'`, 404);
     try {
-      await session.writer.finish({ exitCode: result.exitCode, signal: result.signal });
-      this.log.info({ trace }, 'session ended');
-      return { trace, summary: await this.store.summarize(trace), writeErrors: session.writer.writeErrors };
+      return await this.finishTarget(id, session.target, result);
     } finally {
       if (notify) this.notifyIfIdle();
     }
+  }
+
+  /** Closes a recording (its trace) or a replay (its report is stored with the trace). */
+  private async finishTarget(id: string, target: SessionTarget, result: { exitCode?: number; signal?: string }): Promise<SessionEnd> {
+    if (target.kind === 'record') {
+      const { writer } = target;
+      await writer.finish({ exitCode: result.exitCode, signal: result.signal });
+      this.log.info({ trace: writer.name }, 'session ended');
+      return { mode: 'record', id, trace: writer.name, summary: await this.store.summarize(writer.name), writeErrors: writer.writeErrors };
+    }
+    const report = target.player.report(result);
+    await this.store.putReport(report.trace, report.runId, report);
+    this.log.info({ trace: report.trace, run: report.runId, verdict: report.verdict.ending }, 'replay session ended');
+    return { mode: 'replay', id, trace: report.trace, report };
+  }
+
+  /** A replay report of a trace: the given run, or the trace's latest. */
+  async findReport(trace: string, runId?: string): Promise<ReplayReport> {
+    return findReport(this.store, await this.resolveTraceName(trace), runId);
   }
 
   /** Sessions whose owning process died end on their own, so a crashed `record` does not pin the daemon. */
@@ -304,8 +392,8 @@ export class Daemon {
       try {
         process.kill(session.ownerPid, 0);
       } catch {
-        this.log.warn({ trace: session.trace, pid: session.ownerPid }, 'session owner exited without ending its session');
-        void this.endSession(session.trace).catch(() => undefined);
+        this.log.warn({ session: session.id, pid: session.ownerPid }, 'session owner exited without ending its session');
+        void this.endSession(session.id).catch(() => undefined);
       }
     }
   }
@@ -333,6 +421,10 @@ export class Daemon {
         const request = JSON.parse(body.toString('utf8') || '{}') as SessionRequest;
         return json(201, await this.registerSession(request));
       }
+      if (method === 'GET' && path.startsWith('/reports?')) {
+        const query = new URLSearchParams(path.slice('/reports?'.length));
+        return json(200, await this.findReport(query.get('trace') ?? 'last', query.get('run') ?? undefined));
+      }
       const end = /^\/sessions\/([^/]+)\/end$/.exec(path);
       if (method === 'POST' && end) {
         const result = JSON.parse(body.toString('utf8') || '{}') as { exitCode?: number; signal?: string };
@@ -359,8 +451,13 @@ export class Daemon {
       this.removeState();
       const closed = new Promise<void>((resolve) => this.listener.server.close(() => resolve()));
       for (const session of this.sessions.all()) {
-        this.sessions.remove(session.trace);
-        await session.writer.finish({});
+        this.sessions.remove(session.id);
+        await this.finishTarget(session.id, session.target, {}).catch((err: Error) => this.log.error({ err: err.message }, 'closing a session failed'));
+      }
+      if (this.anonymousReplay) {
+        const report = this.anonymousReplay.report();
+        this.finalReplayReport = report;
+        await this.store.putReport(report.trace, report.runId, report).catch(() => undefined);
       }
       if (this.anonymous) {
         const writer = await this.anonymous.catch(() => null);
@@ -375,4 +472,17 @@ export class Daemon {
     })();
     return this.stopping;
   }
+}
+
+export async function findReport(store: TraceStore, trace: string, runId?: string): Promise<ReplayReport> {
+  if (!(await store.getTrace(trace))) throw new DaemonError(`no trace named '${trace}'`, 404);
+  if (runId !== undefined) {
+    const report = await store.getReport<ReplayReport>(trace, runId);
+    if (!report) throw new DaemonError(`trace '${trace}' has no replay run '${runId}'`, 404);
+    return report;
+  }
+  const reports = await store.listReports<ReplayReport>(trace);
+  const latest = reports.at(-1);
+  if (!latest) throw new DaemonError(`trace '${trace}' has not been replayed yet (mitm-replay replay ${trace} -- CMD)`, 404);
+  return latest;
 }

@@ -1,7 +1,10 @@
 import { UsageError } from './args.js';
 import { runDaemon } from './daemon.js';
 import { runEnv } from './env.js';
+import { runEnd } from './end.js';
 import { runRecord } from './record.js';
+import { runReplay } from './replay.js';
+import { runReport } from './report.js';
 import { runTrustCa } from './trust-ca.js';
 import { VERSION } from '../daemon.js';
 import { DaemonError } from '../daemon.js';
@@ -15,7 +18,10 @@ Records an AI agent's HTTP(S) traffic byte for byte through a local TLS-intercep
 commands:
   daemon     run the recording proxy in the foreground
   record     run a command with its traffic recorded into a trace:  mitm-replay record -- CMD ARGS
-  env        print 'export ...' lines that point a shell at the running daemon
+  replay     run a command against a trace, with no network:  mitm-replay replay NAME -- CMD ARGS
+  report     show a replay's verdict and divergences again
+  env        print 'export ...' lines that point a shell at the running daemon (to record or replay)
+  end        end a session opened with 'env' (prints a replay's verdict)
   trust-ca   install (or --uninstall) the local CA into system / NSS trust stores
 
 'mitm-replay <command> --help' describes each command.`;
@@ -23,7 +29,10 @@ commands:
 const COMMANDS: Record<string, (argv: string[]) => Promise<number>> = {
   daemon: runDaemon,
   record: runRecord,
+  replay: runReplay,
+  report: runReport,
   env: runEnv,
+  end: runEnd,
   'trust-ca': runTrustCa,
 };
 

@@ -32,6 +32,8 @@ export type Dispatch =
       clientTarget?: string;
     }
   | { kind: 'local'; respond: (body: Buffer) => Promise<LocalResponse> | LocalResponse }
+  /** a request served by another module (replay) on this connection */
+  | { kind: 'handler'; handler: RequestHandler }
   | { kind: 'handoff'; take: (socket: net.Socket, leftover: Buffer) => void };
 
 export interface LocalResponse {
@@ -47,7 +49,7 @@ export interface LocalResponse {
 export interface ConnectionContext {
   pool: UpstreamPool;
   log: Logger;
-  dispatch: (head: RequestHead) => Promise<Dispatch> | Dispatch;
+  dispatch: (head: RequestHead, socket: net.Socket) => Promise<Dispatch> | Dispatch;
   /** connections still open, so the daemon can close them on shutdown */
   track?: (socket: net.Socket) => void;
 }
@@ -126,12 +128,17 @@ export class HttpConnection {
         while (queue.length > 0) {
           const event = queue.shift()!;
           if (event.type === 'head') {
-            const dispatch = await this.context.dispatch(event.head);
+            const dispatch = await this.context.dispatch(event.head, this.socket);
             if (dispatch.kind === 'handoff') {
               dispatch.take(this.socket, this.parser.takeBuffered());
               return;
             }
-            exchange = dispatch.kind === 'local' ? new LocalHandler(this.socket, dispatch.respond) : new ForwardHandler(this.socket, this.context, event.head, dispatch);
+            exchange =
+              dispatch.kind === 'local'
+                ? new LocalHandler(this.socket, dispatch.respond)
+                : dispatch.kind === 'handler'
+                  ? dispatch.handler
+                  : new ForwardHandler(this.socket, this.context, event.head, dispatch);
             await exchange.begin();
           } else if (event.type === 'body') {
             await exchange!.body(event.wire, event.payload);
@@ -172,7 +179,8 @@ export class HttpConnection {
   }
 }
 
-interface RequestHandler {
+/** One request's life on a connection: its head was parsed; body slices follow; `end` answers it. */
+export interface RequestHandler {
   begin(): Promise<void>;
   body(wire: Buffer, payload: Buffer[]): Promise<void>;
   /** resolves when the response is complete; true when the client connection can serve another request */

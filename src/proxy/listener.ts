@@ -3,11 +3,12 @@ import tls from 'node:tls';
 import { recordConnectionError, recordTunnel, type TraceWriter } from '../capture/recorder.js';
 import type { LeafMinter } from '../ca/leaf.js';
 import type { Logger } from '../log.js';
-import type { Origin } from '../trace/schema.js';
+import type { Origin, Route } from '../trace/schema.js';
 import { HttpConnection, localResponseBytes, type Dispatch, type LocalResponse } from './connection.js';
 import { headerValue, type RequestHead } from './http1.js';
 import { isIntercepted } from './intercept.js';
-import type { SessionLookup, SessionRegistry } from './sessions.js';
+import { safeDecode, type SessionLookup, type SessionRegistry, type SessionTarget } from './sessions.js';
+import { ReplayHandler } from '../replay/serve.js';
 import type { UpstreamPool } from './upstream.js';
 
 /** Paths on the daemon's own listener. */
@@ -20,8 +21,8 @@ export interface ListenerDeps {
   sessions: SessionRegistry;
   intercept: string[];
   log: Logger;
-  /** the trace for traffic without session credentials */
-  anonymousWriter: () => Promise<TraceWriter>;
+  /** what traffic without session credentials does (record into the daemon's trace, or replay) */
+  anonymousTarget: () => Promise<SessionTarget>;
   control: (method: string, path: string, authorization: string | undefined, body: Buffer) => Promise<LocalResponse>;
   /** the address clients use for the daemon itself (names the leaf served without SNI) */
   listenHost: () => string;
@@ -96,7 +97,7 @@ export class ProxyListener {
       if (!tlsSocket) return;
       served = tlsSocket;
     }
-    const connection = new HttpConnection(served, { pool: this.deps.pool, log: this.deps.log, dispatch: (head) => this.dispatch(head) });
+    const connection = new HttpConnection(served, { pool: this.deps.pool, log: this.deps.log, dispatch: (head, client) => this.dispatch(head, client) });
     void connection.run();
   }
 
@@ -146,22 +147,50 @@ export class ProxyListener {
     for (const socket of this.sockets) socket.destroy();
   }
 
-  private async writerFor(lookup: SessionLookup): Promise<TraceWriter> {
-    return lookup.kind === 'session' ? lookup.session.writer : this.deps.anonymousWriter();
+  private async targetFor(lookup: SessionLookup): Promise<SessionTarget> {
+    return lookup.kind === 'session' ? lookup.session.target : this.deps.anonymousTarget();
   }
 
-  private async dispatch(head: RequestHead): Promise<Dispatch> {
+  /** Intercepted hosts: the daemon's policy when recording, the trace's own policy when replaying. */
+  private intercepts(target: SessionTarget, host: string): boolean {
+    return isIntercepted(target.kind === 'record' ? this.deps.intercept : target.player.intercept, host);
+  }
+
+  /**
+   * What a request to `origin` does under `target`: recorded and forwarded, forwarded unrecorded (not
+   * intercepted), answered from the trace, or refused (replay egress to a host not allowed live).
+   */
+  private route(
+    target: SessionTarget,
+    head: RequestHead,
+    socket: net.Socket,
+    request: { origin: Origin; route: Route; target: string; requestLine?: string; replace?: Map<string, string>; clientTarget?: string },
+  ): Dispatch {
+    const { origin } = request;
+    if (target.kind === 'record') {
+      return { kind: 'forward', ...request, writer: this.intercepts(target, origin.host) ? target.writer : null };
+    }
+    if (this.intercepts(target, origin.host)) {
+      return { kind: 'handler', handler: new ReplayHandler(socket, target.player, { ...request, head }) };
+    }
+    const allowed = isIntercepted(target.player.options.allowLive, origin.host);
+    target.player.noteTunnel(origin.host, origin.port, allowed);
+    if (allowed) return { kind: 'forward', ...request, writer: null };
+    return refuse(403, `replay: egress to ${origin.host}:${origin.port} refused (not in the trace; allow it with --allow-live ${origin.host})`);
+  }
+
+  private async dispatch(head: RequestHead, socket: net.Socket): Promise<Dispatch> {
     if (head.method === 'CONNECT') return this.dispatchConnect(head);
     if (head.target.startsWith(CONTROL_PREFIX)) {
       const authorization = headerValue(head, 'authorization');
       return { kind: 'local', respond: (body) => this.deps.control(head.method, head.target.slice(CONTROL_PREFIX.length - 1), authorization, body) };
     }
-    if (head.target.startsWith(BASE_ROUTE_PREFIX)) return this.dispatchBaseRoute(head);
-    if (/^https?:\/\//i.test(head.target)) return this.dispatchAbsolute(head);
+    if (head.target.startsWith(BASE_ROUTE_PREFIX)) return this.dispatchBaseRoute(head, socket);
+    if (/^https?:\/\//i.test(head.target)) return this.dispatchAbsolute(head, socket);
     return refuse(400, `this is the mitm-replay proxy; send requests through it as a proxy (HTTPS_PROXY=http://${'127.0.0.1'}:PORT) or see 'mitm-replay env'`);
   }
 
-  private async dispatchAbsolute(head: RequestHead): Promise<Dispatch> {
+  private async dispatchAbsolute(head: RequestHead, socket: net.Socket): Promise<Dispatch> {
     const lookup = this.deps.sessions.checkProxyAuthorization(headerValue(head, 'proxy-authorization'));
     if (lookup.kind === 'rejected') return { kind: 'local', respond: () => proxyAuthRequired(lookup.reason) };
     let url: URL;
@@ -174,16 +203,13 @@ export class ProxyListener {
     const origin: Origin = { scheme, host: url.hostname.replace(/^\[(.*)\]$/, '$1').toLowerCase(), port: url.port ? Number(url.port) : defaultPort(scheme) };
     if (this.deps.isSelf(origin.host, origin.port)) return refuse(403, `refusing to proxy a request to the proxy itself (${origin.host}:${origin.port})`);
     const target = `${url.pathname}${url.search}`;
-    const writer = isIntercepted(this.deps.intercept, origin.host) ? await this.writerFor(lookup) : null;
-    return {
-      kind: 'forward',
+    return this.route(await this.targetFor(lookup), head, socket, {
       origin,
       route: 'proxy',
-      writer,
       target,
       requestLine: `${head.method} ${target} ${head.version}`,
       clientTarget: head.target,
-    };
+    });
   }
 
   /**
@@ -191,7 +217,7 @@ export class ProxyListener {
    * real origin, for clients (Node 20's fetch, so the OpenAI and Anthropic SDKs) that ignore HTTPS_PROXY.
    * The stored request is what the origin receives: its path and Host, as if it came through CONNECT.
    */
-  private async dispatchBaseRoute(head: RequestHead): Promise<Dispatch> {
+  private async dispatchBaseRoute(head: RequestHead, socket: net.Socket): Promise<Dispatch> {
     const rest = head.target.slice(BASE_ROUTE_PREFIX.length);
     const match = /^([^/]+)\/(https?)\/([^/?#]+)(\/[^#]*)?$/.exec(rest);
     if (!match) return refuse(400, `malformed base-URL route (expected ${BASE_ROUTE_PREFIX}CREDENTIALS/https/HOST/PATH)`);
@@ -208,17 +234,14 @@ export class ProxyListener {
     const origin: Origin = { scheme, ...parsed };
     if (this.deps.isSelf(origin.host, origin.port)) return refuse(403, 'refusing to route a request to the proxy itself');
     const target = pathAndQuery ?? '/';
-    const writer = isIntercepted(this.deps.intercept, origin.host) ? await this.writerFor(lookup) : null;
-    return {
-      kind: 'forward',
+    return this.route(await this.targetFor(lookup), head, socket, {
       origin,
       route: 'base-url',
-      writer,
       target,
       requestLine: `${head.method} ${target} ${head.version}`,
       replace: new Map([['host', hostHeaderFor(origin)]]),
       clientTarget: head.target.replace(/^(\/__mitm-replay\/b\/)[^/]+/, '$1…'),
-    };
+    });
   }
 
   private async dispatchConnect(head: RequestHead): Promise<Dispatch> {
@@ -227,14 +250,21 @@ export class ProxyListener {
     const target = parseAuthority(head.target);
     if (!target) return refuse(400, `CONNECT target '${head.target.slice(0, 200)}' is not host:port`);
     if (this.deps.isSelf(target.host, target.port)) return refuse(403, `refusing to CONNECT to the proxy itself (${target.host}:${target.port})`);
-    const writer = await this.writerFor(lookup);
-    if (isIntercepted(this.deps.intercept, target.host)) {
-      return { kind: 'handoff', take: (socket, leftover) => void this.intercept(socket, leftover, target, writer) };
+    const session = await this.targetFor(lookup);
+    if (this.intercepts(session, target.host)) {
+      return { kind: 'handoff', take: (socket, leftover) => void this.intercept(socket, leftover, target, session) };
     }
-    return { kind: 'handoff', take: (socket, leftover) => void this.tunnel(socket, leftover, target, writer) };
+    if (session.kind === 'replay') {
+      const allowed = isIntercepted(session.player.options.allowLive, target.host);
+      session.player.noteTunnel(target.host, target.port, allowed);
+      if (!allowed) return refuse(403, `replay: egress to ${target.host}:${target.port} refused (not in the trace; allow it with --allow-live ${target.host})`);
+      return { kind: 'handoff', take: (socket, leftover) => void this.tunnel(socket, leftover, target, null) };
+    }
+    return { kind: 'handoff', take: (socket, leftover) => void this.tunnel(socket, leftover, target, session.writer) };
   }
 
-  private async intercept(socket: net.Socket, leftover: Buffer, target: { host: string; port: number }, writer: TraceWriter): Promise<void> {
+  private async intercept(socket: net.Socket, leftover: Buffer, target: { host: string; port: number }, session: SessionTarget): Promise<void> {
+    const writer = session.kind === 'record' ? session.writer : null;
     const origin: Origin = { scheme: 'https', host: target.host, port: target.port };
     socket.write('HTTP/1.1 200 Connection Established\r\n\r\n');
     if (leftover.length > 0) socket.unshift(leftover);
@@ -245,23 +275,23 @@ export class ProxyListener {
     }
     if (first !== 0x16) {
       // Not a TLS handshake: record the failure rather than guessing.
-      recordConnectionError(writer, origin, 'connect', { code: 'not-tls', message: `the client sent ${first === 0x47 || first === 0x50 ? 'plain HTTP' : 'bytes that are not a TLS ClientHello'} inside a CONNECT tunnel to ${target.host}:${target.port}`, phase: 'tls' });
+      if (writer) recordConnectionError(writer, origin, 'connect', { code: 'not-tls', message: `the client sent ${first === 0x47 || first === 0x50 ? 'plain HTTP' : 'bytes that are not a TLS ClientHello'} inside a CONNECT tunnel to ${target.host}:${target.port}`, phase: 'tls' });
       socket.destroy();
       return;
     }
-    const tlsSocket = await this.terminateTls(socket, target.host, (code, message) =>
-      recordConnectionError(writer, origin, 'connect', { code, message, phase: 'tls' }),
-    );
+    const tlsSocket = await this.terminateTls(socket, target.host, (code, message) => {
+      if (writer) recordConnectionError(writer, origin, 'connect', { code, message, phase: 'tls' });
+    });
     if (!tlsSocket) return;
     const connection = new HttpConnection(tlsSocket, {
       pool: this.deps.pool,
       log: this.deps.log,
-      dispatch: (head) => this.dispatchIntercepted(head, origin, writer),
+      dispatch: (head, client) => this.dispatchIntercepted(head, client, origin, session),
     });
     void connection.run();
   }
 
-  private dispatchIntercepted(head: RequestHead, origin: Origin, writer: TraceWriter): Dispatch {
+  private dispatchIntercepted(head: RequestHead, socket: net.Socket, origin: Origin, session: SessionTarget): Dispatch {
     let target = head.target;
     if (/^https?:\/\//i.test(target)) {
       try {
@@ -272,19 +302,17 @@ export class ProxyListener {
       }
     }
     if (!target.startsWith('/') && !(head.method === 'OPTIONS' && target === '*')) return refuse(400, 'malformed request target');
-    return {
-      kind: 'forward',
+    return this.route(session, head, socket, {
       origin,
       route: 'connect',
-      writer,
       target,
       requestLine: target === head.target ? undefined : `${head.method} ${target} ${head.version}`,
       clientTarget: target === head.target ? undefined : head.target,
-    };
+    });
   }
 
   /** A host outside the intercept policy: bytes pass untouched; the trace keeps host, port, sizes and timing. */
-  private async tunnel(socket: net.Socket, leftover: Buffer, target: { host: string; port: number }, writer: TraceWriter): Promise<void> {
+  private async tunnel(socket: net.Socket, leftover: Buffer, target: { host: string; port: number }, writer: TraceWriter | null): Promise<void> {
     const origin: Origin = { scheme: 'https', host: target.host, port: target.port };
     const startedAt = Date.now();
     const t0 = performance.now();
@@ -293,7 +321,7 @@ export class ProxyListener {
       upstream = await this.deps.pool.dial(false, target.host, target.port);
     } catch (err) {
       const message = (err as Error).message;
-      recordTunnel(writer, origin, startedAt, { bytesUp: 0, bytesDown: 0, durationMs: performance.now() - t0 }, { code: (err as { code?: string }).code ?? 'EUPSTREAM', message, phase: 'connect' });
+      if (writer) recordTunnel(writer, origin, startedAt, { bytesUp: 0, bytesDown: 0, durationMs: performance.now() - t0 }, { code: (err as { code?: string }).code ?? 'EUPSTREAM', message, phase: 'connect' });
       socket.end(localResponseBytes({ status: 502, body: `mitm-replay: ${message}\n`, close: true }));
       return;
     }
@@ -312,7 +340,7 @@ export class ProxyListener {
       recorded = true;
       socket.destroy();
       upstream.destroy();
-      recordTunnel(writer, origin, startedAt, { bytesUp, bytesDown, durationMs: Math.round(performance.now() - t0) });
+      if (writer) recordTunnel(writer, origin, startedAt, { bytesUp, bytesDown, durationMs: Math.round(performance.now() - t0) });
     };
     socket.once('close', finish);
     upstream.once('close', finish);
@@ -321,13 +349,6 @@ export class ProxyListener {
   }
 }
 
-function safeDecode(text: string): string {
-  try {
-    return decodeURIComponent(text);
-  } catch {
-    return text;
-  }
-}
 
 /** Waits for the first byte of a socket and puts it back; null if the socket closed first. */
 function firstByte(socket: net.Socket): Promise<number | null> {

@@ -1,14 +1,18 @@
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import type { TraceWriter } from '../capture/recorder.js';
+import type { ReplayPlayer } from '../replay/player.js';
+
+/** Where a session's traffic goes: recorded into a trace, or answered from one. */
+export type SessionTarget = { kind: 'record'; writer: TraceWriter } | { kind: 'replay'; player: ReplayPlayer };
 
 /**
- * A session ties proxy credentials (`TRACE:TOKEN`) to the trace its traffic is recorded into.
- * Several sessions (agents) can record through one daemon at once, each into its own trace.
+ * A session ties proxy credentials (`ID:TOKEN`) to what its traffic does: record into a trace (the id is the
+ * trace name) or replay one (the id is the run ID). Several agents can use one daemon at once.
  */
 export interface Session {
-  trace: string;
+  id: string;
   token: string;
-  writer: TraceWriter;
+  target: SessionTarget;
   createdAt: number;
   /** process that owns the session (a `record` command); the session ends if that process dies */
   ownerPid?: number;
@@ -35,16 +39,16 @@ export class SessionRegistry {
   }
 
   add(session: Session): void {
-    this.sessions.set(session.trace, session);
+    this.sessions.set(session.id, session);
   }
 
-  get(trace: string): Session | undefined {
-    return this.sessions.get(trace);
+  get(id: string): Session | undefined {
+    return this.sessions.get(id);
   }
 
-  remove(trace: string): Session | undefined {
-    const session = this.sessions.get(trace);
-    this.sessions.delete(trace);
+  remove(id: string): Session | undefined {
+    const session = this.sessions.get(id);
+    this.sessions.delete(id);
     return session;
   }
 
@@ -53,10 +57,10 @@ export class SessionRegistry {
   }
 
   /** Checks `trace:token` credentials; never says which part was wrong beyond what the user can fix. */
-  check(trace: string, token: string): SessionLookup {
-    const session = this.sessions.get(trace);
-    if (!session) return { kind: 'rejected', reason: `no live session named '${trace}' (start one with 'mitm-replay env --trace ${trace}' or 'mitm-replay record')` };
-    if (!sameSecret(session.token, token)) return { kind: 'rejected', reason: `wrong token for session '${trace}' (use the proxy URL printed by 'mitm-replay env')` };
+  check(id: string, token: string): SessionLookup {
+    const session = this.sessions.get(id);
+    if (!session) return { kind: 'rejected', reason: `no live session named '${id}' (start one with 'mitm-replay env', 'mitm-replay record' or 'mitm-replay replay')` };
+    if (!sameSecret(session.token, token)) return { kind: 'rejected', reason: `wrong token for session '${id}' (use the proxy URL printed by 'mitm-replay env')` };
     return { kind: 'session', session };
   }
 
@@ -68,6 +72,14 @@ export class SessionRegistry {
     const decoded = Buffer.from(match[1]!, 'base64').toString('utf8');
     const colon = decoded.indexOf(':');
     if (colon < 0) return { kind: 'rejected', reason: 'malformed proxy credentials (expected TRACE:TOKEN)' };
-    return this.check(decodeURIComponent(decoded.slice(0, colon)), decodeURIComponent(decoded.slice(colon + 1)));
+    return this.check(safeDecode(decoded.slice(0, colon)), safeDecode(decoded.slice(colon + 1)));
+  }
+}
+
+export function safeDecode(text: string): string {
+  try {
+    return decodeURIComponent(text);
+  } catch {
+    return text;
   }
 }

@@ -24,6 +24,8 @@ const key = {
   exchange: (name: string, seq: number) => `t:${name}:x:${String(seq).padStart(10, '0')}`,
   exchangeRange: (name: string) => ({ gte: `t:${name}:x:`, lt: `t:${name}:x;` }),
   traceRange: (name: string) => ({ gte: `t:${name}:`, lt: `t:${name};` }),
+  report: (name: string, runId: string) => `t:${name}:r:${runId}`,
+  reportRange: (name: string) => ({ gte: `t:${name}:r:`, lt: `t:${name}:r;` }),
 };
 
 /**
@@ -78,6 +80,23 @@ export class TraceStore {
 
   async deleteTrace(name: string): Promise<void> {
     await this.db.clear(key.traceRange(name));
+  }
+
+  /** Replay reports are kept with their trace (deleting the trace deletes them). */
+  async putReport(name: string, runId: string, report: { finishedAt: number }): Promise<void> {
+    await this.db.put(key.report(name, runId), Buffer.from(JSON.stringify(report)));
+  }
+
+  async getReport<T>(name: string, runId: string): Promise<T | undefined> {
+    const value = await this.db.get(key.report(name, runId));
+    return value === undefined ? undefined : (JSON.parse(value.toString('utf8')) as T);
+  }
+
+  /** Reports of a trace, oldest first. */
+  async listReports<T extends { finishedAt: number }>(name: string): Promise<T[]> {
+    const reports: T[] = [];
+    for await (const value of this.db.values(key.reportRange(name))) reports.push(JSON.parse(value.toString('utf8')) as T);
+    return reports.sort((a, b) => a.finishedAt - b.finishedAt);
   }
 
   async putExchange(name: string, exchange: StoredExchange): Promise<void> {
