@@ -451,13 +451,7 @@ const IDENTIFIER = /^[A-Za-z_$][A-Za-z0-9_$]*$/;
 
 function diffJsonValues(recorded: unknown, replayed: unknown, context: DivergenceContext): JsonWalk {
   const walk: JsonWalk = { out: [], summaries: [], truncated: false, context };
-  try {
-    diffJson(recorded, replayed, '', walk, false);
-  } catch (err) {
-    // Only pathological nesting depth ends up here; report what was found so far.
-    if (!(err instanceof RangeError)) throw err;
-    walk.truncated = true;
-  }
+  diffJson(recorded, replayed, walk);
   return walk;
 }
 
@@ -468,53 +462,88 @@ function kindOf(v: Slot): 'absent' | 'null' | 'array' | 'object' | 'string' | 'n
   return typeof v as 'object' | 'string' | 'number' | 'boolean';
 }
 
-/** One pass over both trees: every node is visited once, so the cost is linear in the document size. */
-function diffJson(a: Slot, b: Slot, path: string, walk: JsonWalk, toolCallId: boolean): void {
-  if (walk.truncated) return;
-  const ka = kindOf(a);
-  const kb = kindOf(b);
-  if (ka === 'object' && kb === 'object') {
-    const oa = a as Record<string, unknown>;
-    const ob = b as Record<string, unknown>;
-    const toolObject = (o: Record<string, unknown>): boolean => typeof o.type === 'string' && TOOL_CALL_TYPES.has(o.type);
-    const idIsToolCall = toolObject(oa) || toolObject(ob) || /(?:^|\.)tool_calls\[\d+\]$/.test(path);
-    const visit = (key: string): void => {
-      const hint = TOOL_CALL_ID_KEYS.has(key) || (key === 'id' && idIsToolCall);
-      diffJson(Object.hasOwn(oa, key) ? oa[key] : ABSENT, Object.hasOwn(ob, key) ? ob[key] : ABSENT, childPath(path, key), walk, hint);
-    };
-    for (const key of Object.keys(oa)) {
-      visit(key);
-      if (walk.truncated) return;
-    }
-    for (const key of Object.keys(ob)) {
-      if (Object.hasOwn(oa, key)) continue;
-      visit(key);
-      if (walk.truncated) return;
-    }
-    return;
-  }
-  if (ka === 'array' && kb === 'array') {
-    const aa = a as unknown[];
-    const ab = b as unknown[];
-    const n = Math.max(aa.length, ab.length);
-    for (let i = 0; i < n; i++) {
-      diffJson(i < aa.length ? aa[i] : ABSENT, i < ab.length ? ab[i] : ABSENT, `${path}[${i}]`, walk, false);
-      if (walk.truncated) return;
-    }
-    return;
-  }
-  if (ka === kb && ka !== 'object' && ka !== 'array' && a === b) return;
-  addLeafDifference(a, b, path || '$', walk, toolCallId);
+/**
+ * Where a node sits: a linked list up to the root, turned into text only for the few nodes that differ.
+ * (Building every node's path string would cost O(depth) per node, quadratic for deeply nested documents.)
+ */
+interface PathNode {
+  parent: PathNode | null;
+  key: string | number;
 }
 
-function childPath(parent: string, key: string): string {
-  if (IDENTIFIER.test(key)) return parent ? `${parent}.${key}` : key;
-  return `${parent}[${JSON.stringify(key)}]`;
+interface Pending {
+  a: Slot;
+  b: Slot;
+  at: PathNode | null;
+  /** the value is a tool-call id by its position (key name or enclosing object) */
+  toolCallId: boolean;
+}
+
+/**
+ * One pass over both trees in document order, with an explicit stack so nesting depth cannot overflow the
+ * call stack. Every node is visited once: linear in the document size.
+ */
+function diffJson(recorded: unknown, replayed: unknown, walk: JsonWalk): void {
+  const stack: Pending[] = [{ a: recorded, b: replayed, at: null, toolCallId: false }];
+  while (stack.length > 0 && !walk.truncated) {
+    const { a, b, at, toolCallId } = stack.pop()!;
+    const ka = kindOf(a);
+    const kb = kindOf(b);
+    if (ka === 'object' && kb === 'object') {
+      const oa = a as Record<string, unknown>;
+      const ob = b as Record<string, unknown>;
+      const toolObject = (o: Record<string, unknown>): boolean => typeof o.type === 'string' && TOOL_CALL_TYPES.has(o.type);
+      const inToolCalls = typeof at?.key === 'number' && at.parent?.key === 'tool_calls';
+      const idIsToolCall = inToolCalls || toolObject(oa) || toolObject(ob);
+      // Recorded key order, then keys only the replayed side has.
+      const keys = Object.keys(oa);
+      for (const key of Object.keys(ob)) if (!Object.hasOwn(oa, key)) keys.push(key);
+      // Pushed in reverse so they pop in document order.
+      for (let i = keys.length - 1; i >= 0; i--) {
+        const key = keys[i]!;
+        stack.push({
+          a: Object.hasOwn(oa, key) ? oa[key] : ABSENT,
+          b: Object.hasOwn(ob, key) ? ob[key] : ABSENT,
+          at: { parent: at, key },
+          toolCallId: TOOL_CALL_ID_KEYS.has(key) || (key === 'id' && idIsToolCall),
+        });
+      }
+      continue;
+    }
+    if (ka === 'array' && kb === 'array') {
+      const aa = a as unknown[];
+      const ab = b as unknown[];
+      for (let i = Math.max(aa.length, ab.length) - 1; i >= 0; i--) {
+        stack.push({ a: i < aa.length ? aa[i] : ABSENT, b: i < ab.length ? ab[i] : ABSENT, at: { parent: at, key: i }, toolCallId: false });
+      }
+      continue;
+    }
+    if (ka === kb && ka !== 'object' && ka !== 'array' && a === b) continue;
+    addLeafDifference(a, b, formatPath(at), walk, toolCallId);
+  }
+  // Anything left unvisited after the cap may hold more differences.
+  if (stack.length > 0) walk.truncated = true;
+}
+
+/** `messages[0].content`; `["weird key"]` for keys that are not identifiers; `$` for the root. */
+function formatPath(at: PathNode | null): string {
+  if (at === null) return '$';
+  const keys: (string | number)[] = [];
+  for (let n: PathNode | null = at; n; n = n.parent) keys.push(n.key);
+  let path = '';
+  for (let i = keys.length - 1; i >= 0; i--) {
+    const key = keys[i]!;
+    if (typeof key === 'number') path += `[${key}]`;
+    else if (IDENTIFIER.test(key)) path += path ? `.${key}` : key;
+    else path += `[${JSON.stringify(key)}]`;
+  }
+  // Only pathological nesting gets here; the innermost part is the informative one.
+  return path.length > 400 ? `${path.slice(0, 100)}${ELLIPSIS}${path.slice(-299)}` : path;
 }
 
 function addLeafDifference(a: Slot, b: Slot, path: string, walk: JsonWalk, toolCallId: boolean): void {
   if (walk.out.length >= MAX_JSON_DIFFERENCES) {
-    walk.truncated = true;
+    walk.truncated = true; // a 51st difference exists
     return;
   }
   const labels = new Set<CauseLabel>();
@@ -750,10 +779,14 @@ function tokensNear(s: string, region: Region, context: DivergenceContext): Near
   const uuid = scan(UUID);
   const toolCall = scan(TOOL_CALL);
   // A random-looking token inside a uuid, tool-call id, timestamp or path is explained by that, more precisely.
-  const claimed = [...path, ...timestamp, ...uuid, ...toolCall];
+  // Both lists are in text order, so one forward sweep finds the overlaps (a log full of timestamps stays linear).
+  const claimed = [...path, ...timestamp, ...uuid, ...toolCall].sort((x, y) => x.start - y.start);
   const randomId: Token[] = [];
+  let c = 0;
+  let reach = -1; // furthest end among claimed tokens starting before the current candidate
   for (const t of scan(ID_CANDIDATE)) {
-    if (claimed.some((c) => c.start < t.end && c.end > t.start)) continue;
+    while (c < claimed.length && claimed[c]!.start < t.end) reach = Math.max(reach, claimed[c++]!.end);
+    if (reach > t.start) continue;
     const shape = idShape(t.text);
     if (shape) randomId.push({ ...t, shape });
   }
