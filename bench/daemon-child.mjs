@@ -55,7 +55,7 @@ const handlers = {
     inspector = new Session();
     inspector.connect();
     await post(inspector, 'Profiler.enable');
-    await post(inspector, 'Profiler.setSamplingInterval', { interval: 200 });
+    await post(inspector, 'Profiler.setSamplingInterval', { interval: 500 });
     await post(inspector, 'Profiler.start');
     return {};
   },

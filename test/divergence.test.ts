@@ -300,6 +300,13 @@ describe('explainDivergence: bodies', () => {
     expect(d.headers.map((h) => h.name)).toEqual([]); // both gzip + chunked: framing headers are equal
   });
 
+  it('says when only the framing or compression of equal entities differs', () => {
+    const d = explainDivergence(request(prompt(1), { chunked: 10 }), request(prompt(1), { chunked: 20 }));
+    expect(d.head.firstDifferentByte).toBeNull();
+    expect(d.body.firstDifferentByte).toBeNull();
+    expect(d.summary).toBe('body wire bytes differ at byte 0 but decode to the same entity (chunk framing or compression)');
+  });
+
   it('compares a body that does not decode as it is', () => {
     const bogus = { head: head('POST /x HTTP/1.1', ['Content-Encoding: gzip', 'Content-Length: 9']), body: Buffer.from('not gzip!') };
     const other = { head: bogus.head, body: Buffer.from('not gzip?') };
@@ -368,6 +375,14 @@ describe('explainDivergence: JSON structure', () => {
     expect(d.json).toHaveLength(MAX_JSON_DIFFERENCES);
     expect(d.jsonTruncated).toBe(true);
     expect(d.summary).toContain('+');
+  });
+
+  it('survives deep nesting', () => {
+    const nest = (leaf: string) => `${'['.repeat(50_000)}${leaf}${']'.repeat(50_000)}`;
+    const d = explainDivergence(request(nest('{"k":1}')), request(nest('{"k":2}')));
+    expect(d.json).toHaveLength(1);
+    expect(d.json[0]!.path.endsWith('[0][0].k')).toBe(true);
+    expect(d.json[0]!.path.length).toBeLessThanOrEqual(400);
   });
 
   it('previews large values briefly', () => {

@@ -146,6 +146,17 @@ export function explainDivergence(recorded: StoredRequest, replayed: StoredReque
     }
   }
 
+  if (body.firstDifferentByte === null && !recorded.body.equals(replayed.body)) {
+    // Same entity, different wire bytes: the hash still differs, so say why.
+    const wire = compareBytes(recorded.body, replayed.body);
+    candidates.push({
+      rank: 3,
+      name: 'body framing',
+      text: `body wire bytes differ at byte ${wire.firstDifferentByte} but decode to the same entity (chunk framing or compression)`,
+      labels: [],
+    });
+  }
+
   const head = compareBytes(recorded.head, replayed.head);
   if (head.firstDifferentByte !== null && requestLine === null && headers.length === 0) {
     // Same request line and header values, different bytes: order, name case or whitespace.
@@ -521,8 +532,6 @@ function diffJson(recorded: unknown, replayed: unknown, walk: JsonWalk): void {
     if (ka === kb && ka !== 'object' && ka !== 'array' && a === b) continue;
     addLeafDifference(a, b, formatPath(at), walk, toolCallId);
   }
-  // Anything left unvisited after the cap may hold more differences.
-  if (stack.length > 0) walk.truncated = true;
 }
 
 /** `messages[0].content`; `["weird key"]` for keys that are not identifiers; `$` for the root. */
