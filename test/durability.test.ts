@@ -1,46 +1,16 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { spawn } from 'node:child_process';
 import https from 'node:https';
-import { mkdtempSync, rmSync, statSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { statSync } from 'node:fs';
 import { join } from 'node:path';
-import { TraceStore } from '../src/trace/store.js';
-import type { StoredExchange } from '../src/trace/schema.js';
-import { haveTool, run, startCliDaemon } from './helpers/cli.js';
+import { run, startCliDaemon } from './helpers/cli.js';
+import { readTrace, useUpstreamFixture } from './helpers/cli-fixture.js';
 import { TunnelAgent, startHarness } from './helpers/proxy.js';
-import { createTestCa, type TestCa } from './helpers/test-ca.js';
-import { startTestUpstream, type TestUpstream } from './helpers/upstream.js';
 
-let ca: TestCa;
-let upstream: TestUpstream;
-let work: string;
-
-beforeAll(async () => {
-  haveTool('curl');
-  ca = await createTestCa();
-  upstream = await startTestUpstream({ tls: { certPem: ca.certPem, keyPem: ca.keyPem } });
-  work = mkdtempSync(join(tmpdir(), 'mitm-replay-durability-'));
-});
-
-afterAll(async () => {
-  await upstream?.close();
-  await ca?.cleanup();
-  if (work) rmSync(work, { recursive: true, force: true });
-});
-
-async function readTrace(home: string, name: string): Promise<StoredExchange[]> {
-  const store = await TraceStore.open(join(home, 'traces'));
-  try {
-    const out: StoredExchange[] = [];
-    for await (const ex of store.exchanges(name)) out.push(ex);
-    return out;
-  } finally {
-    await store.close();
-  }
-}
+const fx = useUpstreamFixture('durability');
 
 function daemonArgs(trace: string): string[] {
-  return ['--trace', trace, '--intercept', '+tools.example.test', '--connect-to', `::127.0.0.1:${upstream.port}`, '--upstream-ca', ca.caPath];
+  return ['--trace', trace, '--intercept', '+tools.example.test', ...fx.routing()];
 }
 
 /** Starts a slow SSE download through the daemon with curl; resolves once the first bytes arrived. */
@@ -53,11 +23,11 @@ function startSlowStream(port: number, home: string, id: string) {
 
 describe('crash safety and clean shutdown', () => {
   it('SIGKILL mid-stream: completed exchanges survive intact, the cut-off one is marked incomplete on restart', async () => {
-    const home = mkdtempSync(join(work, 'home-'));
+    const home = fx.freshHome();
     const daemon = await startCliDaemon(daemonArgs('crash'), home);
     expect(statSync(join(home, 'daemon.json')).mode & 0o777).toBe(0o600);
     expect(statSync(home).mode & 0o777).toBe(0o700);
-    const done = await run('curl', ['-sS', '-x', `http://127.0.0.1:${daemon.port}`, '--cacert', join(home, 'certs', 'ca.pem'), '-H', 'x-test-id: before-crash', 'https://tools.example.test/gzip', '-o', join(work, 'gz.out')]);
+    const done = await run('curl', ['-sS', '-x', `http://127.0.0.1:${daemon.port}`, '--cacert', join(home, 'certs', 'ca.pem'), '-H', 'x-test-id: before-crash', 'https://tools.example.test/gzip', '-o', join(fx.work, 'gz.out')]);
     expect(done.code, done.stderr).toBe(0);
     const slow = startSlowStream(daemon.port, home, 'cut-off');
     await slow.firstBytes;
@@ -72,14 +42,14 @@ describe('crash safety and clean shutdown', () => {
     expect(exchanges).toHaveLength(2);
     const [first, second] = exchanges;
     expect(first!.record.state).toBe('complete');
-    expect(first!.responseBody.equals(upstream.sent.get('before-crash')!)).toBe(true);
+    expect(first!.responseBody.equals(fx.upstream.sent.get('before-crash')!)).toBe(true);
     expect(second!.record.state).toBe('incomplete');
     expect(second!.record.error!.code).toBe('cut-off');
     expect(second!.requestHead.toString()).toContain('x-test-id: cut-off');
   });
 
   it('SIGTERM with a stream in flight: exit 0, the in-flight exchange is kept and marked incomplete', async () => {
-    const home = mkdtempSync(join(work, 'home-'));
+    const home = fx.freshHome();
     const daemon = await startCliDaemon(daemonArgs('term'), home);
     const slow = startSlowStream(daemon.port, home, 'in-flight');
     await slow.firstBytes;

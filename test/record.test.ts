@@ -1,60 +1,15 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { describe, expect, it } from 'vitest';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { TraceStore } from '../src/trace/store.js';
-import type { StoredExchange } from '../src/trace/schema.js';
-import { haveTool, pythonWithHttpx, run, runCli, startCliDaemon } from './helpers/cli.js';
-import { createTestCa, type TestCa } from './helpers/test-ca.js';
-import { startTestUpstream, type TestUpstream } from './helpers/upstream.js';
+import { pythonWithHttpx, run, runCli, startCliDaemon } from './helpers/cli.js';
+import { readMeta, readTrace, useUpstreamFixture } from './helpers/cli-fixture.js';
 
-let ca: TestCa;
-let upstream: TestUpstream;
-let work: string;
-
-beforeAll(async () => {
-  haveTool('curl');
-  ca = await createTestCa();
-  upstream = await startTestUpstream({ tls: { certPem: ca.certPem, keyPem: ca.keyPem } });
-  work = mkdtempSync(join(tmpdir(), 'mitm-replay-record-'));
-});
-
-afterAll(async () => {
-  await upstream?.close();
-  await ca?.cleanup();
-  if (work) rmSync(work, { recursive: true, force: true });
-});
-
-function routing(): string[] {
-  return ['--connect-to', `::127.0.0.1:${upstream.port}`, '--upstream-ca', ca.caPath];
-}
-
-function freshHome(): string {
-  return mkdtempSync(join(work, 'home-'));
-}
-
-async function readTrace(home: string, name: string): Promise<StoredExchange[]> {
-  const store = await TraceStore.open(join(home, 'traces'));
-  try {
-    const out: StoredExchange[] = [];
-    for await (const ex of store.exchanges(name)) out.push(ex);
-    return out;
-  } finally {
-    await store.close();
-  }
-}
-
-async function readMeta(home: string, name: string) {
-  const store = await TraceStore.open(join(home, 'traces'));
-  try {
-    return await store.getTrace(name);
-  } finally {
-    await store.close();
-  }
-}
+const fx = useUpstreamFixture('record');
+const routing = () => fx.routing();
+const freshHome = () => fx.freshHome();
 
 function agentScript(name: string, body: string): string {
-  const path = join(work, name);
+  const path = join(fx.work, name);
   writeFileSync(path, `#!/bin/sh\nset -e\n${body}\n`, { mode: 0o755 });
   return path;
 }
@@ -65,15 +20,15 @@ describe('mitm-replay record -- CMD', () => {
     const agent = agentScript(
       'agent.sh',
       [
-        `curl -sS -o ${work}/chat.out https://api.openai.com/v1/chat/completions -H 'content-type: application/json' -H 'x-test-id: rec-chat' -d '{"model":"gpt-4o-mini","stream":true}'`,
-        `curl -sS -o ${work}/tool.out 'https://tools.example.test/tool/weather?city=Paris' -H 'x-test-id: rec-tool'`,
+        `curl -sS -o ${fx.work}/chat.out https://api.openai.com/v1/chat/completions -H 'content-type: application/json' -H 'x-test-id: rec-chat' -d '{"model":"gpt-4o-mini","stream":true}'`,
+        `curl -sS -o ${fx.work}/tool.out 'https://tools.example.test/tool/weather?city=Paris' -H 'x-test-id: rec-tool'`,
         'exit 3',
       ].join('\n'),
     );
     const result = await runCli(['record', '--home', home, '--trace', 'agent-run', '--intercept', '+tools.example.test', ...routing(), '--', agent]);
     expect(result.stderr).toContain('trace agent-run: 2 exchanges');
     expect(result.code).toBe(3);
-    expect(readFileSync(join(work, 'chat.out')).equals(upstream.sent.get('rec-chat')!)).toBe(true);
+    expect(readFileSync(join(fx.work, 'chat.out')).equals(fx.upstream.sent.get('rec-chat')!)).toBe(true);
     const exchanges = await readTrace(home, 'agent-run');
     expect(exchanges.map((e) => e.record.origin.host)).toEqual(['api.openai.com', 'tools.example.test']);
     const meta = (await readMeta(home, 'agent-run'))!;
@@ -101,7 +56,7 @@ describe('mitm-replay record -- CMD', () => {
 
   it('names tunnelled hosts in the summary with the --intercept that would capture them, storing metadata only', async () => {
     const home = freshHome();
-    const agent = agentScript('tunnel.sh', `curl -sS -o /dev/null --cacert ${ca.caPath} https://api.anthropic.com/v1/embeddings -d '{}'`);
+    const agent = agentScript('tunnel.sh', `curl -sS -o /dev/null --cacert ${fx.ca.caPath} https://api.anthropic.com/v1/embeddings -d '{}'`);
     const result = await runCli(['record', '--home', home, '--trace', 'tun', '--intercept', 'api.openai.com', ...routing(), '--', agent]);
     expect(result.code).toBe(0);
     expect(result.stderr).toContain('tunnelled without decryption: api.anthropic.com (to capture: --intercept +api.anthropic.com)');
@@ -114,7 +69,7 @@ describe('mitm-replay record -- CMD', () => {
     expect(tunnel.requestHead.length + tunnel.requestBody.length + tunnel.responseHead.length + tunnel.responseBody.length).toBe(0);
   });
 
-  it('two concurrent records on one home both work; the first daemon stays up for the second', async () => {
+  it('two concurrent records on one home both fx.work; the first daemon stays up for the second', async () => {
     const home = freshHome();
     const slow = agentScript('slow.sh', `sleep 1.5\ncurl -sS -o /dev/null https://tools.example.test/echo -H 'x-test-id: second'`);
     const fast = agentScript('fast.sh', `sleep 0.5\ncurl -sS -o /dev/null https://tools.example.test/echo -H 'x-test-id: first'`);

@@ -1,38 +1,25 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { mkdtempSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { ReplayReport } from '../src/replay/verdict.js';
 import { ROOT, pythonWithHttpx, run, runCli, startCliDaemon } from './helpers/cli.js';
-import { createTestCa, type TestCa } from './helpers/test-ca.js';
-import { startTestUpstream, type TestUpstream } from './helpers/upstream.js';
+import { useUpstreamFixture } from './helpers/cli-fixture.js';
 
-let ca: TestCa;
-let upstream: TestUpstream;
-let work: string;
+const fx = useUpstreamFixture('replay-cli');
 let python: string | null;
 
-beforeAll(async () => {
+beforeAll(() => {
   python = pythonWithHttpx();
-  ca = await createTestCa();
-  upstream = await startTestUpstream({ tls: { certPem: ca.certPem, keyPem: ca.keyPem } });
-  work = mkdtempSync(join(tmpdir(), 'mitm-replay-replay-cli-'));
 });
 
-afterAll(async () => {
-  await upstream?.close();
-  await ca?.cleanup();
-  if (work) rmSync(work, { recursive: true, force: true });
-});
-
-const routing = () => ['--intercept', '+tools.example.test', '--connect-to', `::127.0.0.1:${upstream.port}`, '--upstream-ca', ca.caPath];
+const routing = () => ['--intercept', '+tools.example.test', ...fx.routing()];
 const pyAgent = join(ROOT, 'test', 'fixtures', 'agent.py');
 const nodeAgent = join(ROOT, 'test', 'fixtures', 'openai-agent.mjs');
 
 function dirs() {
-  const home = mkdtempSync(join(work, 'home-'));
-  const recordDir = mkdtempSync(join(work, 'run-a-'));
-  const replayDir = mkdtempSync(join(work, 'run-b-'));
+  const home = mkdtempSync(join(fx.work, 'home-'));
+  const recordDir = mkdtempSync(join(fx.work, 'run-a-'));
+  const replayDir = mkdtempSync(join(fx.work, 'run-b-'));
   return { home, recordDir, replayDir };
 }
 
@@ -47,14 +34,14 @@ describe('record, then replay end to end with real clients', () => {
     const rec = await runCli(['record', '--home', home, '--trace', 'py', ...routing(), '--', python, pyAgent], { cwd: recordDir, env: { OPENAI_API_KEY: 'sk-proj-recordkey0000000000000000000000' } });
     expect(rec.code, rec.stderr).toBe(0);
     expect(rec.stderr).toContain('trace py: 3 exchanges');
-    const before = { connections: upstream.connections, requests: upstream.requests.length };
-    const json = join(work, 'py-report.json');
+    const before = { connections: fx.upstream.connections, requests: fx.upstream.requests.length };
+    const json = join(fx.work, 'py-report.json');
     // a different API key on the replaying machine: no divergence
     const rep = await runCli(['replay', 'py', '--home', home, '--json', json, ...routing(), '--', python, pyAgent], { cwd: replayDir, env: { OPENAI_API_KEY: 'sk-proj-anotherkey999999999999999999999' } });
     expect(rep.code, rep.stderr).toBe(0);
     expect(rep.stderr).toContain('verdict: recorded=3 requests=3 reused=3 exact=3 reordered=0 diverged=0 missing=0 unused=0 egress=blocked -> PASS');
     expect(rep.stderr).toMatch(/replay run r-\d{8}-\d{6}-[0-9a-f]{4} of trace py/);
-    expect({ connections: upstream.connections, requests: upstream.requests.length }).toEqual(before);
+    expect({ connections: fx.upstream.connections, requests: fx.upstream.requests.length }).toEqual(before);
     expect(readFileSync(join(replayDir, 'answer.txt'), 'utf8')).toBe(readFileSync(join(recordDir, 'answer.txt'), 'utf8'));
     const report = readReport(json);
     expect(report.child).toEqual({ exitCode: 0, signal: null, recordedExitCode: 0 });
@@ -72,14 +59,14 @@ describe('record, then replay end to end with real clients', () => {
     const { home, recordDir, replayDir } = dirs();
     const rec = await runCli(['record', '--home', home, '--trace', 'node', ...routing(), '--', process.execPath, nodeAgent], { cwd: recordDir, env: { OPENAI_API_KEY: 'sk-a', OPENAI_BASE_URL: '' } });
     expect(rec.code, rec.stderr).toBe(0);
-    const before = upstream.connections;
+    const before = fx.upstream.connections;
     const pass = await runCli(['replay', 'node', '--home', home, '--', process.execPath, nodeAgent], { cwd: replayDir, env: { OPENAI_API_KEY: 'sk-b', OPENAI_BASE_URL: '' } });
     expect(pass.code, pass.stderr).toBe(0);
     expect(pass.stderr).toContain('exact=2');
     expect(pass.stderr).toContain('-> PASS');
-    const json = join(work, 'node-fail.json');
+    const json = join(fx.work, 'node-fail.json');
     const fail = await runCli(['replay', 'node', '--home', home, '--json', json, '--', process.execPath, nodeAgent], { cwd: replayDir, env: { OPENAI_API_KEY: 'sk-b', OPENAI_BASE_URL: '', AGENT_VARIANT: '!' } });
-    expect(upstream.connections).toBe(before);
+    expect(fx.upstream.connections).toBe(before);
     expect(fail.code).toBe(1);
     expect(fail.stderr).toContain('-> FAIL');
     const report = readReport(json);
@@ -98,7 +85,7 @@ describe('record, then replay end to end with real clients', () => {
     const { home, recordDir, replayDir } = dirs();
     const env = { AGENT_PUT_CONTEXT: '1' };
     expect((await runCli(['record', '--home', home, '--trace', 'ctx', ...routing(), '--', python, pyAgent], { cwd: recordDir, env })).code).toBe(0);
-    const json = join(work, 'ctx.json');
+    const json = join(fx.work, 'ctx.json');
     const rep = await runCli(['replay', '--home', home, '--json', json, '--', python, pyAgent], { cwd: replayDir, env });
     expect(rep.code).toBe(1);
     const report = readReport(json);

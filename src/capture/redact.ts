@@ -10,7 +10,7 @@
  * - All matches of all rules are collected as spans over the original text and spliced in once.
  */
 import { readFileSync } from 'node:fs';
-import { brotliDecompressSync, gunzipSync, inflateRawSync, inflateSync } from 'node:zlib';
+import { decodeContentCoding } from './content-coding.js';
 
 export interface UserRules {
   /** Extra header names (case-insensitive) whose values are secret. */
@@ -560,7 +560,7 @@ export class Redactor {
     if (body.length === 0) return { body, fired: [], decoded: false };
     const encoding = contentEncoding?.trim().toLowerCase();
     if (encoding && encoding !== 'identity') {
-      const plain = decodeBody(body, encoding);
+      const plain = decodeContentCoding(body, encoding, MAX_DECODED_BYTES);
       if (plain) {
         const result = this.scanBody(plain, side, contentType);
         // Untouched: keep the original encoded bytes so the recording stays byte-faithful.
@@ -790,26 +790,3 @@ function compilePatterns(patterns: readonly { name: string; regex: string; flags
   return out;
 }
 
-function decodeBody(body: Buffer, encoding: string): Buffer | undefined {
-  const options = { maxOutputLength: MAX_DECODED_BYTES };
-  try {
-    switch (encoding) {
-      case 'gzip':
-      case 'x-gzip':
-        return gunzipSync(body, options);
-      case 'deflate':
-        // "deflate" is meant to be zlib-wrapped, but some servers send raw deflate.
-        try {
-          return inflateSync(body, options);
-        } catch {
-          return inflateRawSync(body, options);
-        }
-      case 'br':
-        return brotliDecompressSync(body, options);
-      default:
-        return undefined;
-    }
-  } catch {
-    return undefined;
-  }
-}

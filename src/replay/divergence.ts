@@ -6,7 +6,7 @@
  * labels (absolute path, timestamp, uuid, ...). Labels only EXPLAIN a divergence; nothing here decides that
  * two requests are "close enough" to match.
  */
-import { brotliDecompressSync, gunzipSync, inflateRawSync, inflateSync } from 'node:zlib';
+import { decodeContentCoding } from '../capture/content-coding.js';
 
 export type CauseLabel =
   | 'absolute-path'
@@ -338,7 +338,7 @@ function decodeEntity(head: ParsedHead, body: Buffer): Buffer {
   let decoded = entity;
   // Codings are listed in the order applied, so they are undone last to first.
   for (let i = codings.length - 1; i >= 0; i--) {
-    const next = decompress(decoded, codings[i]!);
+    const next = decodeContentCoding(decoded, codings[i]!, MAX_DECODED_BYTES) ?? null;
     if (!next) return entity;
     decoded = next;
   }
@@ -369,29 +369,6 @@ function dechunk(body: Buffer): Buffer | null {
   return Buffer.concat(parts);
 }
 
-function decompress(body: Buffer, coding: string): Buffer | null {
-  const options = { maxOutputLength: MAX_DECODED_BYTES };
-  try {
-    switch (coding) {
-      case 'gzip':
-      case 'x-gzip':
-        return gunzipSync(body, options);
-      case 'deflate':
-        // "deflate" means zlib-wrapped, but some clients send raw deflate.
-        try {
-          return inflateSync(body, options);
-        } catch {
-          return inflateRawSync(body, options);
-        }
-      case 'br':
-        return brotliDecompressSync(body, options);
-      default:
-        return null;
-    }
-  } catch {
-    return null;
-  }
-}
 
 // ---------------------------------------------------------------------------------------------------------
 // Raw (non-JSON) bodies
