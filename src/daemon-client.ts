@@ -1,6 +1,7 @@
 import { readFileSync } from 'node:fs';
 import http from 'node:http';
-import type { DaemonState, SessionEnd, SessionInfo, SessionRequest } from './daemon.js';
+import type { DaemonState, SessionEnd, SessionInfo, SessionRequest, SessionResult } from './daemon.js';
+import type { TraceMeta, WorkspaceMeta } from './trace/schema.js';
 
 export class DaemonClientError extends Error {
   constructor(
@@ -46,8 +47,18 @@ export class DaemonClient {
     }
   }
 
-  request<T>(method: string, path: string, body?: unknown, timeoutMs = 30_000): Promise<T> {
+  async request<T>(method: string, path: string, body?: unknown, timeoutMs = 30_000): Promise<T> {
     const payload = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
+    const raw = await this.requestRaw(method, path, payload, timeoutMs);
+    try {
+      return JSON.parse(raw.toString('utf8')) as T;
+    } catch {
+      throw new DaemonClientError(`the daemon at ${this.url} answered with something that is not JSON`, 502);
+    }
+  }
+
+  /** One control request; resolves with the response body, rejects with the daemon's error message. */
+  requestRaw(method: string, path: string, payload?: Buffer, timeoutMs = 30_000): Promise<Buffer> {
     return new Promise((resolve, reject) => {
       const req = http.request(
         {
@@ -55,7 +66,7 @@ export class DaemonClient {
           port: this.state.port,
           method,
           path: `/__mitm-replay/api${path}`,
-          headers: { authorization: `Bearer ${this.state.token}`, 'content-type': 'application/json', ...(payload ? { 'content-length': payload.length } : {}) },
+          headers: { authorization: `Bearer ${this.state.token}`, 'content-type': 'application/octet-stream', ...(payload ? { 'content-length': payload.length } : {}) },
           timeout: timeoutMs,
           agent: false,
         },
@@ -63,15 +74,19 @@ export class DaemonClient {
           const chunks: Buffer[] = [];
           res.on('data', (c: Buffer) => chunks.push(c));
           res.on('end', () => {
-            let parsed: unknown;
-            try {
-              parsed = JSON.parse(Buffer.concat(chunks).toString('utf8'));
-            } catch {
-              reject(new DaemonClientError(`the daemon at ${this.url} answered ${res.statusCode} with something that is not JSON`, res.statusCode ?? 500));
+            const body = Buffer.concat(chunks);
+            const status = res.statusCode ?? 500;
+            if (status < 400) {
+              resolve(body);
               return;
             }
-            if ((res.statusCode ?? 500) >= 400) reject(new DaemonClientError((parsed as { error?: string }).error ?? `HTTP ${res.statusCode}`, res.statusCode ?? 500));
-            else resolve(parsed as T);
+            let message = `HTTP ${status}`;
+            try {
+              message = (JSON.parse(body.toString('utf8')) as { error?: string }).error ?? message;
+            } catch {
+              // keep the status
+            }
+            reject(new DaemonClientError(message, status));
           });
         },
       );
@@ -85,7 +100,34 @@ export class DaemonClient {
     return this.request('POST', '/sessions', request);
   }
 
-  endSession(trace: string, result: { exitCode?: number; signal?: string }): Promise<SessionEnd> {
-    return this.request('POST', `/sessions/${encodeURIComponent(trace)}/end`, result);
+  endSession(id: string, result: SessionResult): Promise<SessionEnd> {
+    return this.request('POST', `/sessions/${encodeURIComponent(id)}/end`, result);
+  }
+
+  setWorkspace(id: string, workspace: WorkspaceMeta): Promise<unknown> {
+    return this.request('POST', `/sessions/${encodeURIComponent(id)}/workspace`, workspace);
+  }
+
+  async getTrace(name: string): Promise<TraceMeta | undefined> {
+    try {
+      return await this.request<TraceMeta>('GET', `/traces/${encodeURIComponent(name)}`);
+    } catch (err) {
+      if (err instanceof DaemonClientError && err.status === 404) return undefined;
+      throw err;
+    }
+  }
+
+  async putBlob(content: Buffer): Promise<string> {
+    const { hash } = JSON.parse((await this.requestRaw('PUT', '/blobs', content, 120_000)).toString('utf8')) as { hash: string };
+    return hash;
+  }
+
+  async getBlob(hash: string): Promise<Buffer | undefined> {
+    try {
+      return await this.requestRaw('GET', `/blobs/${hash}`, undefined, 120_000);
+    } catch (err) {
+      if (err instanceof DaemonClientError && err.status === 404) return undefined;
+      throw err;
+    }
   }
 }

@@ -14,7 +14,9 @@ import { SessionRegistry, type Session, type SessionTarget } from './proxy/sessi
 import { ReplayError, ReplayPlayer, type ReplayOptions } from './replay/player.js';
 import type { ReplayReport } from './replay/verdict.js';
 import { UpstreamPool } from './proxy/upstream.js';
-import { FORMAT_VERSION, defaultTraceName, isValidTraceName, type TraceMeta } from './trace/schema.js';
+import { FORMAT_VERSION, defaultTraceName, isValidTraceName, type TraceMeta, type WorkspaceMeta } from './trace/schema.js';
+import type { FileChange } from './launch/workspace.js';
+import type { ReplayOutcome } from './replay/verdict.js';
 import { TraceStore, type TraceSummary } from './trace/store.js';
 
 export const VERSION = '0.1.0';
@@ -76,6 +78,16 @@ export interface SessionInfo {
   token: string;
   proxyUrl: string;
   baseUrlPrefix: string;
+}
+
+/** What the launching command reports when a session ends. */
+export interface SessionResult {
+  exitCode?: number;
+  signal?: string;
+  /** record: files the run added, removed, modified */
+  workspaceDiff?: FileChange[];
+  /** replay: how the run ended compared with the recording */
+  outcome?: ReplayOutcome;
 }
 
 export type SessionEnd =
@@ -162,6 +174,7 @@ export class Daemon {
       log,
       anonymousTarget: () => self!.anonymousTarget(),
       control: (method, path, authorization, body) => self!.control(method, path, authorization, body),
+      controlAuthorized: (authorization) => self!.controlAuthorized(authorization),
       isSelf: (host, port) => self?.isSelf(host, port) ?? false,
       listenHost: () => self?.host ?? '127.0.0.1',
     });
@@ -356,7 +369,7 @@ export class Daemon {
    * Ends a session and closes its trace. `notify: false` leaves waking `whenIdle()` to the caller, so a control
    * request is answered before an in-process daemon that was waiting for it stops.
    */
-  async endSession(id: string, result: { exitCode?: number; signal?: string } = {}, notify = true): Promise<SessionEnd> {
+  async endSession(id: string, result: SessionResult = {}, notify = true): Promise<SessionEnd> {
     const session = this.sessions.remove(id);
     if (!session) throw new DaemonError(`no live session named '${id}'`, 404);
     try {
@@ -367,10 +380,31 @@ export class Daemon {
   }
 
   /** Closes a recording (its trace) or a replay (its report is stored with the trace). */
-  private async finishTarget(id: string, target: SessionTarget, result: { exitCode?: number; signal?: string }): Promise<SessionEnd> {
+  /** Ends a session that failed before its command started; a recording's trace is deleted (it holds nothing). */
+  async abortSession(id: string): Promise<void> {
+    const session = this.sessions.remove(id);
+    if (!session) throw new DaemonError(`no live session named '${id}'`, 404);
+    if (session.target.kind === 'record') {
+      await session.target.writer.flush(true);
+      await this.store.deleteTrace(session.target.writer.name);
+    }
+    this.notifyIfIdle();
+  }
+
+  /** Records the workspace snapshot of a recording session (sent by `record` before its command starts). */
+  async setSessionWorkspace(id: string, workspace: WorkspaceMeta): Promise<void> {
+    const session = this.sessions.get(id);
+    if (!session || session.target.kind !== 'record') throw new DaemonError(`no live recording session named '${id}'`, 404);
+    const { writer } = session.target;
+    writer.meta = { ...writer.meta, workspace };
+    await this.store.putTrace(writer.meta);
+  }
+
+  private async finishTarget(id: string, target: SessionTarget, result: SessionResult): Promise<SessionEnd> {
     if (target.kind === 'record') {
       const { writer } = target;
-      await writer.finish({ exitCode: result.exitCode, signal: result.signal });
+      const workspace = writer.meta.workspace && result.workspaceDiff ? { ...writer.meta.workspace, diff: result.workspaceDiff } : writer.meta.workspace;
+      await writer.finish({ exitCode: result.exitCode, signal: result.signal, workspace });
       this.log.info({ trace: writer.name }, 'session ended');
       return { mode: 'record', id, trace: writer.name, summary: await this.store.summarize(writer.name), writeErrors: writer.writeErrors };
     }
@@ -411,23 +445,48 @@ export class Daemon {
     return new Promise((resolve) => this.idleWaiters.push(resolve));
   }
 
+  controlAuthorized(authorization: string | undefined): boolean {
+    const bearer = /^Bearer\s+(\S+)$/i.exec(authorization ?? '')?.[1];
+    return bearer !== undefined && sameSecret(bearer, this.token);
+  }
+
   async control(method: string, path: string, authorization: string | undefined, body: Buffer): Promise<LocalResponse> {
     const json = (status: number, value: unknown): LocalResponse => ({ status, headers: { 'content-type': 'application/json' }, body: `${JSON.stringify(value)}\n` });
-    const bearer = /^Bearer\s+(\S+)$/i.exec(authorization ?? '')?.[1];
-    if (!bearer || !sameSecret(bearer, this.token)) return json(401, { error: 'the control API needs the token from the daemon state file' });
+    if (!this.controlAuthorized(authorization)) return json(401, { error: 'the control API needs the token from the daemon state file' });
     try {
       if (method === 'GET' && path === '/health') return json(200, { ok: true, pid: process.pid, version: VERSION, sessions: this.sessions.all().length });
       if (method === 'POST' && path === '/sessions') {
         const request = JSON.parse(body.toString('utf8') || '{}') as SessionRequest;
         return json(201, await this.registerSession(request));
       }
+      if (method === 'PUT' && path === '/blobs') return json(201, { hash: await this.store.putBlob(body) });
+      const blob = /^\/blobs\/([0-9a-f]{64})$/.exec(path);
+      if (method === 'GET' && blob) {
+        const content = await this.store.getBlob(blob[1]!);
+        return content ? { status: 200, headers: { 'content-type': 'application/octet-stream' }, body: content } : json(404, { error: 'no such blob' });
+      }
+      const traceMeta = /^\/traces\/([^/?]+)$/.exec(path);
+      if (method === 'GET' && traceMeta) {
+        const meta = await this.store.getTrace(await this.resolveTraceName(decodeURIComponent(traceMeta[1]!)));
+        return meta ? json(200, meta) : json(404, { error: `no trace named '${decodeURIComponent(traceMeta[1]!)}'` });
+      }
+      const workspace = /^\/sessions\/([^/]+)\/workspace$/.exec(path);
+      if (method === 'POST' && workspace) {
+        await this.setSessionWorkspace(decodeURIComponent(workspace[1]!), JSON.parse(body.toString('utf8')) as WorkspaceMeta);
+        return json(200, { ok: true });
+      }
       if (method === 'GET' && path.startsWith('/reports?')) {
         const query = new URLSearchParams(path.slice('/reports?'.length));
         return json(200, await this.findReport(query.get('trace') ?? 'last', query.get('run') ?? undefined));
       }
+      const abort = /^\/sessions\/([^/]+)$/.exec(path);
+      if (method === 'DELETE' && abort) {
+        await this.abortSession(decodeURIComponent(abort[1]!));
+        return json(200, { ok: true });
+      }
       const end = /^\/sessions\/([^/]+)\/end$/.exec(path);
       if (method === 'POST' && end) {
-        const result = JSON.parse(body.toString('utf8') || '{}') as { exitCode?: number; signal?: string };
+        const result = JSON.parse(body.toString('utf8') || '{}') as SessionResult;
         try {
           return { ...json(200, await this.endSession(decodeURIComponent(end[1]!), result, false)), afterWrite: () => this.notifyIfIdle() };
         } catch (err) {

@@ -1,5 +1,5 @@
 import { beforeAll, describe, expect, it } from 'vitest';
-import { mkdtempSync, readFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import type { ReplayReport } from '../src/replay/verdict.js';
 import { ROOT, pythonWithHttpx, run, runCli, startCliDaemon } from './helpers/cli.js';
@@ -37,12 +37,16 @@ describe('record, then replay end to end with real clients', () => {
     const before = { connections: fx.upstream.connections, requests: fx.upstream.requests.length };
     const json = join(fx.work, 'py-report.json');
     // a different API key on the replaying machine: no divergence
-    const rep = await runCli(['replay', 'py', '--home', home, '--json', json, ...routing(), '--', python, pyAgent], { cwd: replayDir, env: { OPENAI_API_KEY: 'sk-proj-anotherkey999999999999999999999' } });
+    const rep = await runCli(['replay', 'py', '--home', home, '--json', json, '--keep', ...routing(), '--', python, pyAgent], { cwd: replayDir, env: { OPENAI_API_KEY: 'sk-proj-anotherkey999999999999999999999' } });
     expect(rep.code, rep.stderr).toBe(0);
-    expect(rep.stderr).toContain('verdict: recorded=3 requests=3 reused=3 exact=3 reordered=0 diverged=0 missing=0 unused=0 egress=blocked -> PASS');
+    expect(rep.stderr).toContain('verdict: recorded=3 requests=3 reused=3 exact=3 reordered=0 diverged=0 missing=0 unused=0 egress=blocked child-exit=0 recorded-exit=0 files=same -> PASS');
     expect(rep.stderr).toMatch(/replay run r-\d{8}-\d{6}-[0-9a-f]{4} of trace py/);
     expect({ connections: fx.upstream.connections, requests: fx.upstream.requests.length }).toEqual(before);
-    expect(readFileSync(join(replayDir, 'answer.txt'), 'utf8')).toBe(readFileSync(join(recordDir, 'answer.txt'), 'utf8'));
+    // it ran in a sandbox restored from the snapshot; the cwd it was started from is untouched
+    const sandbox = /sandbox kept at (\S+)/.exec(rep.stderr)![1]!;
+    expect(readFileSync(join(sandbox, 'answer.txt'), 'utf8')).toBe(readFileSync(join(recordDir, 'answer.txt'), 'utf8'));
+    expect(existsSync(join(replayDir, 'answer.txt'))).toBe(false);
+    rmSync(sandbox, { recursive: true, force: true });
     const report = readReport(json);
     expect(report.child).toEqual({ exitCode: 0, signal: null, recordedExitCode: 0 });
     expect(JSON.stringify(report)).not.toContain('recordkey');

@@ -1,6 +1,7 @@
 import { UsageError } from './args.js';
 import { runDaemon } from './daemon.js';
 import { runEnv } from './env.js';
+import { runCompare } from './compare.js';
 import { runEnd } from './end.js';
 import { runRecord } from './record.js';
 import { runReplay } from './replay.js';
@@ -20,6 +21,7 @@ commands:
   record     run a command with its traffic recorded into a trace:  mitm-replay record -- CMD ARGS
   replay     run a command against a trace, with no network:  mitm-replay replay NAME -- CMD ARGS
   report     show a replay's verdict and divergences again
+  compare    replay a control and a patched command against one recording: did the patch fix it?
   env        print 'export ...' lines that point a shell at the running daemon (to record or replay)
   end        end a session opened with 'env' (prints a replay's verdict)
   trust-ca   install (or --uninstall) the local CA into system / NSS trust stores
@@ -31,6 +33,7 @@ const COMMANDS: Record<string, (argv: string[]) => Promise<number>> = {
   record: runRecord,
   replay: runReplay,
   report: runReport,
+  compare: runCompare,
   env: runEnv,
   end: runEnd,
   'trust-ca': runTrustCa,

@@ -1,6 +1,9 @@
 import { UsageError, flag, has, parseArgs } from './args.js';
 import { DAEMON_FLAGS, DAEMON_FLAGS_HELP, daemonOptionsFrom } from './daemon-options.js';
-import { connectBackend, exitCodeOf, runChild, type Backend } from './launch.js';
+import { connectDaemon, exitCodeOf, runChild, type Backend, type DaemonAccess } from './launch.js';
+import { Redactor, buildRuleSet } from '../capture/redact.js';
+import { RECORD_WORKSPACE_FLAGS, RECORD_WORKSPACE_HELP, captureWorkspace, recordWorkspaceOptions, workspaceChanges, type RecordWorkspace } from '../launch/run-workspace.js';
+import { WorkspaceTooLargeError } from '../launch/workspace.js';
 import { DaemonError } from '../daemon.js';
 import { DaemonClientError } from '../daemon-client.js';
 import { homePaths } from '../home.js';
@@ -17,6 +20,7 @@ exits with CMD's exit code (128+N if signal N killed it); 125 if mitm-replay fai
 options:
   --force                  replace an existing trace of the same name
   --no-base-url            do not set OPENAI_BASE_URL / ANTHROPIC_BASE_URL
+${RECORD_WORKSPACE_HELP}
 ${DAEMON_FLAGS_HELP}
   --help                   this text`;
 
@@ -49,7 +53,7 @@ export function summaryLine(trace: string, summary: TraceSummary, writeErrors: n
 export async function runRecord(argv: string[]): Promise<number> {
   let args;
   try {
-    args = parseArgs('record', argv, { ...DAEMON_FLAGS, force: {}, 'no-base-url': {} });
+    args = parseArgs('record', argv, { ...DAEMON_FLAGS, ...RECORD_WORKSPACE_FLAGS, force: {}, 'no-base-url': {} });
   } catch (err) {
     if (err instanceof UsageError) {
       process.stderr.write(`mitm-replay: ${err.message}\n`);
@@ -61,11 +65,19 @@ export async function runRecord(argv: string[]): Promise<number> {
     console.log(RECORD_HELP);
     return 0;
   }
-  let backend: Backend;
+  let access: DaemonAccess | null = null;
+  let backend: Backend | null = null;
+  let workspace: RecordWorkspace | null = null;
+  let options: ReturnType<typeof daemonOptionsFrom>;
   try {
+    options = daemonOptionsFrom(args, 'record', 0);
     if (args.positionals.length > 0) throw new UsageError(`record: unexpected argument '${args.positionals[0]}': put the command after '--' (mitm-replay record -- CMD ARGS)`);
     if (!args.rest || args.rest.length === 0) throw new UsageError(`record: no command given; usage: mitm-replay record [options] -- CMD [ARGS...]`);
-    backend = await connectBackend(args, 'record', {
+    // checks the workspace flags before anything starts (the redactor comes with the trace, below)
+    recordWorkspaceOptions(args, options.home, new Redactor(buildRuleSet()));
+    access = await connectDaemon(args, 'record');
+    if (access.note) process.stderr.write(`mitm-replay: ${access.note}\n`);
+    backend = await access.openSession({
       trace: flag(args, 'trace'),
       force: has(args, 'force'),
       source: 'record',
@@ -74,15 +86,25 @@ export async function runRecord(argv: string[]): Promise<number> {
       ownerPid: process.pid,
       keepsDaemonAlive: true,
     });
+    const meta = await access.getTrace(backend.session.trace);
+    // The snapshot goes through the trace's own redaction rules, the same as its traffic.
+    const snapshotOptions = recordWorkspaceOptions(args, options.home, new Redactor(meta!.redaction));
+    if (snapshotOptions) {
+      workspace = await captureWorkspace(snapshotOptions, access.blobs);
+      await backend.setWorkspace(workspace.meta);
+      if (workspace.meta.redactedFiles.length > 0) {
+        process.stderr.write(`mitm-replay: workspace: secrets redacted before storing in ${workspace.meta.redactedFiles.join(', ')}\n`);
+      }
+    }
   } catch (err) {
-    if (err instanceof UsageError || err instanceof DaemonError || err instanceof DaemonClientError) {
-      process.stderr.write(`mitm-replay: ${err.message.replace(/^record: /, 'record: ')}\n`);
+    await backend?.abort().catch(() => undefined);
+    await access?.close().catch(() => undefined);
+    if (err instanceof UsageError || err instanceof DaemonError || err instanceof DaemonClientError || err instanceof WorkspaceTooLargeError) {
+      process.stderr.write(`mitm-replay: ${err instanceof WorkspaceTooLargeError ? 'record: ' : ''}${err.message}\n`);
       return RECORD_SETUP_FAILURE;
     }
     throw err;
   }
-  if (backend.note) process.stderr.write(`mitm-replay: ${backend.note}\n`);
-  const options = daemonOptionsFrom(args, 'record', 0);
   const env = {
     ...process.env,
     ...childEnvironment({
@@ -95,14 +117,19 @@ export async function runRecord(argv: string[]): Promise<number> {
   try {
     exit = await runChild(args.rest!, env);
   } catch (err) {
-    await backend.end({ exitCode: RECORD_SETUP_FAILURE }).catch(() => undefined);
-    await backend.close();
+    await backend.abort().catch(() => undefined);
+    await access.close();
     process.stderr.write(`mitm-replay: record: cannot start '${args.rest![0]}': ${(err as Error).message}\n`);
     return RECORD_SETUP_FAILURE;
   }
   const exitCode = exitCodeOf(exit);
-  const ended = await backend.end({ exitCode, signal: exit.signal ?? undefined });
-  if (ended.mode === 'record') process.stderr.write(`${summaryLine(ended.trace, ended.summary, ended.writeErrors)}\n`);
-  await backend.close();
+  const workspaceDiff = workspace ? await workspaceChanges(workspace.options, workspace.before, access.blobs) : undefined;
+  const ended = await backend.end({ exitCode, signal: exit.signal ?? undefined, workspaceDiff });
+  if (ended.mode === 'record') {
+    let line = summaryLine(ended.trace, ended.summary, ended.writeErrors);
+    if (workspaceDiff) line += `; workspace: ${workspace!.meta.files} files snapshotted, ${workspaceDiff.length} changed by the run`;
+    process.stderr.write(`${line}\n`);
+  }
+  await access.close();
   return exitCode;
 }

@@ -31,7 +31,7 @@ export type Dispatch =
       replace?: Map<string, string>;
       clientTarget?: string;
     }
-  | { kind: 'local'; respond: (body: Buffer) => Promise<LocalResponse> | LocalResponse }
+  | { kind: 'local'; respond: (body: Buffer) => Promise<LocalResponse> | LocalResponse; maxBody?: number }
   /** a request served by another module (replay) on this connection */
   | { kind: 'handler'; handler: RequestHandler }
   | { kind: 'handoff'; take: (socket: net.Socket, leftover: Buffer) => void };
@@ -135,7 +135,7 @@ export class HttpConnection {
             }
             exchange =
               dispatch.kind === 'local'
-                ? new LocalHandler(this.socket, dispatch.respond)
+                ? new LocalHandler(this.socket, dispatch.respond, dispatch.maxBody)
                 : dispatch.kind === 'handler'
                   ? dispatch.handler
                   : new ForwardHandler(this.socket, this.context, event.head, dispatch);
@@ -196,6 +196,7 @@ class LocalHandler implements RequestHandler {
   constructor(
     private readonly socket: net.Socket,
     private readonly respond: (body: Buffer) => Promise<LocalResponse> | LocalResponse,
+    private readonly maxBody = MAX_LOCAL_BODY,
   ) {}
 
   async begin(): Promise<void> {}
@@ -203,13 +204,13 @@ class LocalHandler implements RequestHandler {
   async body(_wire: Buffer, payload: Buffer[]): Promise<void> {
     for (const part of payload) {
       this.size += part.length;
-      if (this.size <= MAX_LOCAL_BODY) this.chunks.push(part);
+      if (this.size <= this.maxBody) this.chunks.push(part);
     }
   }
 
   async end(): Promise<boolean> {
     const response =
-      this.size > MAX_LOCAL_BODY ? { status: 413, body: 'mitm-replay: request body too large\n', close: true } : await this.respond(Buffer.concat(this.chunks));
+      this.size > this.maxBody ? { status: 413, body: 'mitm-replay: request body too large\n', close: true } : await this.respond(Buffer.concat(this.chunks));
     this.socket.write(localResponseBytes(response), () => response.afterWrite?.());
     return !response.close;
   }

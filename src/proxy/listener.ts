@@ -24,6 +24,7 @@ export interface ListenerDeps {
   /** what traffic without session credentials does (record into the daemon's trace, or replay) */
   anonymousTarget: () => Promise<SessionTarget>;
   control: (method: string, path: string, authorization: string | undefined, body: Buffer) => Promise<LocalResponse>;
+  controlAuthorized: (authorization: string | undefined) => boolean;
   /** the address clients use for the daemon itself (names the leaf served without SNI) */
   listenHost: () => string;
   /** true when host:port is this daemon's own listening address */
@@ -183,7 +184,11 @@ export class ProxyListener {
     if (head.method === 'CONNECT') return this.dispatchConnect(head);
     if (head.target.startsWith(CONTROL_PREFIX)) {
       const authorization = headerValue(head, 'authorization');
-      return { kind: 'local', respond: (body) => this.deps.control(head.method, head.target.slice(CONTROL_PREFIX.length - 1), authorization, body) };
+      // Check the token before reading any body: blob uploads (workspace files) may be large.
+      if (!this.deps.controlAuthorized(authorization)) {
+        return { kind: 'local', respond: () => ({ status: 401, headers: { 'content-type': 'application/json' }, body: '{"error":"the control API needs the token from the daemon state file"}\n', close: true }) };
+      }
+      return { kind: 'local', maxBody: 512 * 1024 * 1024, respond: (body) => this.deps.control(head.method, head.target.slice(CONTROL_PREFIX.length - 1), authorization, body) };
     }
     if (head.target.startsWith(BASE_ROUTE_PREFIX)) return this.dispatchBaseRoute(head, socket);
     if (/^https?:\/\//i.test(head.target)) return this.dispatchAbsolute(head, socket);

@@ -4,7 +4,7 @@ import type { Origin, Route, StoredExchange, TraceMeta } from '../trace/schema.j
 import type { TraceStore } from '../trace/store.js';
 import { explainDivergence, type Divergence } from './divergence.js';
 import { Matcher, endpointOf, requestHash, type Recording } from './matcher.js';
-import { buildReport, type ReplayReport } from './verdict.js';
+import { buildReport, type ReplayOutcome, type ReplayReport } from './verdict.js';
 
 export interface ReplayOptions {
   diagnostic: boolean;
@@ -157,7 +157,7 @@ export class ReplayPlayer {
     this.tunnels.push({ host, port, allowed });
   }
 
-  report(child: { exitCode?: number; signal?: string } = {}): ReplayReport {
+  report(child: { exitCode?: number; signal?: string; outcome?: ReplayOutcome } = {}): ReplayReport {
     return buildReport(this, child);
   }
 }

@@ -25,6 +25,27 @@ export interface UnusedRecording {
   requestHash: string;
 }
 
+export interface FileDifference {
+  path: string;
+  /** what the recorded run did to the file: added, removed, modified, or unchanged */
+  recorded: string;
+  replayed: string;
+  /** recorded result vs replayed result, for text files */
+  unifiedDiff?: string;
+}
+
+/** How the replayed run ended, compared with the recorded one. Does not change `replay`'s exit code. */
+export interface ReplayOutcome {
+  childExit: number | null;
+  recordedExit: number | null;
+  /** `same`, `different:N`, or `none` when the trace has no workspace snapshot to compare with */
+  files: string;
+  workspace: 'sandbox' | 'in-place' | 'none';
+  /** the sandbox directory, when kept (--keep) */
+  sandbox?: string;
+  differences: FileDifference[];
+}
+
 export interface ReplayReport {
   schema: typeof REPORT_SCHEMA;
   runId: string;
@@ -37,6 +58,7 @@ export interface ReplayReport {
   /** the one-line verdict, as printed */
   line: string;
   child: { exitCode: number | null; signal: string | null; recordedExitCode: number | null };
+  outcome: ReplayOutcome | null;
   requests: RequestOutcome[];
   unused: UnusedRecording[];
   tunnels: TunnelOutcome[];
@@ -67,7 +89,7 @@ export function computeVerdict(player: ReplayPlayer): Verdict {
 }
 
 /** `verdict: recorded=6 requests=6 ... egress=blocked -> PASS`: one key=value list, so later parts fit. */
-export function verdictLine(v: Verdict): string {
+export function verdictLine(v: Verdict, outcome: ReplayOutcome | null = null): string {
   const parts = [
     `recorded=${v.recorded}`,
     `requests=${v.requests}`,
@@ -80,11 +102,16 @@ export function verdictLine(v: Verdict): string {
     `egress=${v.egress}`,
   ];
   if (v.refusedTunnels > 0) parts.push(`refused-tunnels=${v.refusedTunnels}`);
+  if (outcome) {
+    parts.push(`child-exit=${outcome.childExit ?? '-'}`, `recorded-exit=${outcome.recordedExit ?? '-'}`);
+    if (outcome.files !== 'none') parts.push(`files=${outcome.files}`);
+  }
   return `verdict: ${parts.join(' ')} -> ${v.ending}`;
 }
 
-export function buildReport(player: ReplayPlayer, child: { exitCode?: number; signal?: string }): ReplayReport {
+export function buildReport(player: ReplayPlayer, child: { exitCode?: number; signal?: string; outcome?: ReplayOutcome }): ReplayReport {
   const verdict = computeVerdict(player);
+  const outcome = child.outcome ?? null;
   return {
     schema: REPORT_SCHEMA,
     runId: player.runId,
@@ -94,8 +121,9 @@ export function buildReport(player: ReplayPlayer, child: { exitCode?: number; si
     startedAt: player.startedAt,
     finishedAt: Date.now(),
     verdict,
-    line: verdictLine(verdict),
+    line: verdictLine(verdict, outcome),
     child: { exitCode: child.exitCode ?? null, signal: child.signal ?? null, recordedExitCode: player.meta.exitCode ?? null },
+    outcome,
     requests: player.outcomes,
     unused: player.matcher.unused.map((r) => ({ seq: r.seq, endpoint: r.endpoint, position: r.position, requestHash: r.hash })),
     tunnels: player.tunnels,
@@ -122,5 +150,10 @@ export function formatReport(report: ReplayReport): string {
   }
   for (const u of report.unused) lines.push(`  unused: recorded #${u.seq} ${u.endpoint} [${u.position}]`);
   for (const t of report.tunnels) lines.push(`  tunnel ${t.host}:${t.port} ${t.allowed ? 'let through live (--allow-live)' : 'refused'}`);
+  for (const d of report.outcome?.differences ?? []) {
+    lines.push(`  file ${d.path}: recorded ${d.recorded}, replayed ${d.replayed}`);
+    if (d.unifiedDiff) lines.push(...d.unifiedDiff.trimEnd().split('\n').map((l) => `    ${l}`));
+  }
+  if (report.outcome?.sandbox) lines.push(`  sandbox kept at ${report.outcome.sandbox}`);
   return lines.join('\n');
 }

@@ -1,4 +1,5 @@
 import type { Firing, RuleSet } from '../capture/redact.js';
+import type { FileChange } from '../launch/workspace.js';
 
 export type { Firing };
 
@@ -41,6 +42,22 @@ export interface TraceMeta {
   redaction: RuleSet;
   /** times (epoch ms) at which a daemon resumed recording into this trace after a restart */
   restarts: number[];
+  /** the working directory snapshot taken before `record` launched its command, and the diff after */
+  workspace?: WorkspaceMeta;
+}
+
+export interface WorkspaceMeta {
+  root: string;
+  /** blob hash of the snapshot (JSON: every entry with the blob hash of its content) */
+  snapshot: string;
+  files: number;
+  bytes: number;
+  /** files whose content a redaction rule changed before storing */
+  redactedFiles: string[];
+  include: string[];
+  exclude: string[];
+  /** files added, removed and modified by the recorded run */
+  diff?: FileChange[];
 }
 
 export type ExchangeState = 'open' | 'complete' | 'incomplete';

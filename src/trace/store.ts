@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { Level } from 'level';
 import { decodeExchange, encodeExchange, type ExchangeRecord, type StoredExchange, type TraceMeta } from './schema.js';
 
@@ -25,6 +26,7 @@ const key = {
   exchangeRange: (name: string) => ({ gte: `t:${name}:x:`, lt: `t:${name}:x;` }),
   traceRange: (name: string) => ({ gte: `t:${name}:`, lt: `t:${name};` }),
   report: (name: string, runId: string) => `t:${name}:r:${runId}`,
+  blob: (hash: string) => `b:${hash}`,
   reportRange: (name: string) => ({ gte: `t:${name}:r:`, lt: `t:${name}:r;` }),
 };
 
@@ -80,6 +82,18 @@ export class TraceStore {
 
   async deleteTrace(name: string): Promise<void> {
     await this.db.clear(key.traceRange(name));
+  }
+
+  /** Content-addressed blobs (workspace files, snapshots): identical content is stored once across traces. */
+  async putBlob(content: Buffer): Promise<string> {
+    const hash = createHash('sha256').update(content).digest('hex');
+    if ((await this.db.get(key.blob(hash))) === undefined) await this.db.put(key.blob(hash), content);
+    return hash;
+  }
+
+  async getBlob(hash: string): Promise<Buffer | undefined> {
+    if (!/^[0-9a-f]{64}$/.test(hash)) return undefined;
+    return this.db.get(key.blob(hash));
   }
 
   /** Replay reports are kept with their trace (deleting the trace deletes them). */
