@@ -4,7 +4,8 @@
  * - `*` matches any run of characters within one path segment (dotfiles included), `?` one character.
  * - `**` as a whole segment matches zero or more segments (`a/**` also matches `a` itself).
  * - A pattern without `/` (after dropping a trailing `/`) matches a basename at any depth: `*.log` = `**` + `/*.log`.
- * - A leading `/` or `./` anchors nothing extra (patterns with a `/` are already relative to the root); it is dropped.
+ * - A leading `/` or `./` anchors a pattern at the root (`/build` is only the top-level build); patterns with a
+ *   `/` inside are relative to the root anyway. A trailing `/` is dropped (it does not restrict to directories).
  * - A pattern that matches a directory matches everything below it (see `matchesSelfOrAncestor`).
  * Matching is case-sensitive; there are no character classes or negations (`[` and `!` are literal).
  */
@@ -16,8 +17,12 @@ export class Glob {
   constructor(pattern: string) {
     this.pattern = pattern;
     let p = pattern.trim();
-    while (p.startsWith('./')) p = p.slice(2);
-    const anchored = p.startsWith('/');
+    let anchored = false;
+    while (p.startsWith('./')) {
+      p = p.slice(2);
+      anchored = true;
+    }
+    if (p.startsWith('/')) anchored = true;
     p = p.replace(/^\/+/, '').replace(/\/+$/, '');
     if (p === '' || p === '.') throw new Error(`glob ${JSON.stringify(pattern)} is empty; give a path pattern such as "dist/**" or "*.log"`);
     const raw = p.split(/\/+/);

@@ -7,6 +7,8 @@ import { UsageError, flag, flagAll, has } from '../cli/args.js';
 import type { ReplayOutcome } from '../replay/verdict.js';
 import type { TraceMeta, WorkspaceMeta } from '../trace/schema.js';
 import {
+  DEFAULT_TEXT_LIMIT,
+  MemoryBlobStore,
   compareDiffs,
   diffSnapshots,
   restoreSnapshot,
@@ -99,6 +101,14 @@ export async function workspaceChanges(options: WorkspaceOptions, before: Snapsh
   return diffSnapshots(before, after, blobs);
 }
 
+/**
+ * A blob store for states that are compared but not kept (a replay's after-state): new contents stay in memory
+ * (texts up to the diff limit), recorded contents are read from the trace store.
+ */
+function scratchBlobs(stored: BlobStore): BlobStore {
+  return new MemoryBlobStore({ fallback: stored, maxBlobBytes: DEFAULT_TEXT_LIMIT });
+}
+
 export interface ReplayWorkspace {
   /** where the child runs */
   cwd: string;
@@ -135,7 +145,9 @@ export async function prepareReplayWorkspace(args: ParsedArgs, meta: TraceMeta, 
     const note = meta.workspace ? null : `trace ${meta.name} has no workspace snapshot; replaying in the current directory ${cwd}`;
     if (!meta.workspace) return { cwd, kind: 'none', options: null, before: null, sandbox: null, note };
     const options: WorkspaceOptions = { root: cwd, include: meta.workspace.include, exclude: meta.workspace.exclude, skipDirs: [home], redactor, maxBytes: Number.MAX_SAFE_INTEGER };
-    return { cwd, kind: 'in-place', options, before: await scanWorkspace(options, blobs), sandbox: null, note: null };
+    // The before-state of an in-place run is only compared, never stored: keep its texts in memory.
+    const before = await scanWorkspace(options, scratchBlobs(blobs));
+    return { cwd, kind: 'in-place', options, before, sandbox: null, note: null };
   }
   const stored = await blobs.get(meta.workspace.snapshot);
   if (!stored) throw new UsageError(`replay: the workspace snapshot of trace ${meta.name} is missing from the store; replay with --in-place`);
@@ -151,7 +163,8 @@ export async function prepareReplayWorkspace(args: ParsedArgs, meta: TraceMeta, 
     root = mkdtempSync(join(tmpdir(), 'mitm-replay-sandbox-'));
   }
   const { linked } = await restoreSnapshot(snapshot, blobs, root, { linkDependenciesFrom: has(args, 'no-link') ? null : meta.workspace.root });
-  const options: WorkspaceOptions = { root, include: meta.workspace.include, exclude: meta.workspace.exclude, skipDirs: [home], redactor, maxBytes: Number.MAX_SAFE_INTEGER };
+  // The sandbox has no .git: scan it with the git rules the snapshot captured, so ignored files stay ignored.
+  const options: WorkspaceOptions = { root, skipDirs: [home], redactor, maxBytes: Number.MAX_SAFE_INTEGER, restoredFrom: snapshot };
   const note = linked.length > 0 ? `linked ${linked.join(', ')} from ${meta.workspace.root}` : null;
   return { cwd: childCwd(meta, root), kind: 'sandbox', options, before: snapshot, sandbox: root, sandboxPreexisted, note };
 }
@@ -160,7 +173,7 @@ export async function prepareReplayWorkspace(args: ParsedArgs, meta: TraceMeta, 
 export async function replayOutcome(workspace: ReplayWorkspace, meta: TraceMeta, childExit: number, blobs: BlobStore, keep: boolean): Promise<ReplayOutcome> {
   const outcome: ReplayOutcome = { childExit, recordedExit: meta.exitCode ?? null, files: 'none', workspace: workspace.kind, differences: [] };
   if (workspace.options && workspace.before && meta.workspace?.diff) {
-    const replayed = await workspaceChanges(workspace.options, workspace.before, blobs);
+    const replayed = await workspaceChanges(workspace.options, workspace.before, scratchBlobs(blobs));
     const comparison = compareDiffs(meta.workspace.diff, replayed);
     outcome.files = comparison.same ? 'same' : `different:${comparison.differences.length}`;
     outcome.differences = comparison.differences.map((d) => ({
