@@ -1,11 +1,11 @@
 import { describe, expect, it } from 'vitest';
 import { spawn } from 'node:child_process';
 import https from 'node:https';
-import { statSync } from 'node:fs';
+import { readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { run, startCliDaemon } from './helpers/cli.js';
 import { readTrace, useUpstreamFixture } from './helpers/cli-fixture.js';
-import { TunnelAgent, startHarness } from './helpers/proxy.js';
+import { TunnelAgent, request, startHarness } from './helpers/proxy.js';
 
 const fx = useUpstreamFixture('durability');
 
@@ -65,6 +65,33 @@ describe('crash safety and clean shutdown', () => {
 });
 
 describe('client aborts and plain HTTP', () => {
+  it('a client that hangs up right after a large download does not leave a paused upstream connection in the pool', async () => {
+    // Found by bench/repro-paused-upstream.mjs: the daemon pauses the upstream socket when the client falls
+    // behind; the response can complete while paused, and if the client then hangs up no 'drain' resumes it.
+    // The daemon runs in its own process here, so the client really does fall behind.
+    const home = fx.freshHome();
+    const daemon = await startCliDaemon(['--intercept', '+tools.example.test', ...fx.routing()], home);
+    const ca = readFileSync(join(home, 'certs', 'ca.pem'), 'utf8');
+    try {
+      for (let trial = 0; trial < 6; trial++) {
+        const big = new TunnelAgent(daemon.port);
+        const res = await request('https://tools.example.test/large?mb=4', { agent: big, ca });
+        expect(res.body.length).toBe(4 * 1024 * 1024);
+        big.destroy();
+        const agent = new TunnelAgent(daemon.port);
+        const next = await Promise.race([
+          request('https://tools.example.test/echo', { agent, ca }),
+          new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`trial ${trial}: no answer within 2 s`)), 2000)),
+        ]);
+        agent.destroy();
+        expect(next.status).toBe(200);
+      }
+    } finally {
+      daemon.child.kill('SIGTERM');
+      await new Promise((r) => daemon.child.once('exit', r));
+    }
+  });
+
   it('a client that disconnects aborts the upstream request; recorded as client-aborted', async () => {
     const h = await startHarness();
     try {

@@ -272,6 +272,8 @@ class ForwardHandler implements RequestHandler {
     socket.once('end', this.onUpstreamEnd);
     socket.once('error', this.onUpstreamError);
     socket.once('close', this.onUpstreamEnd);
+    // A pooled connection may come back paused (its last client stopped reading): listen first, then resume.
+    socket.resume();
     socket.write(forwarded.raw);
   }
 
