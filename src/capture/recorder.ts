@@ -2,6 +2,7 @@ import { performance } from 'node:perf_hooks';
 import type { Redactor } from './redact.js';
 import { RequestParser, ResponseParser, headerValue, type MessageHead } from '../proxy/http1.js';
 import { rewriteHeaders } from '../proxy/head.js';
+import { requestHash } from '../replay/matcher.js';
 import type { TraceStore } from '../trace/store.js';
 import type { ExchangeRecord, Firing, Origin, Route, StoredExchange, TraceMeta } from '../trace/schema.js';
 
@@ -72,6 +73,8 @@ export interface ExchangeStart {
   forwardedHead: Buffer;
   droppedHeaders: string[];
   clientTarget?: string;
+  /** the client's head as parsed (same framing and content headers as the forwarded one) */
+  parsedHead?: MessageHead;
 }
 
 function parseStoredHead(raw: Buffer, kind: 'request' | 'response'): MessageHead {
@@ -101,19 +104,23 @@ export function redactMessage(
   rawHead: Buffer,
   wire: Buffer[],
   payload: Buffer[],
+  /** the head as parsed already (framing and content headers are read from it), and its redaction if done */
+  known: { parsed?: MessageHead; redacted?: { head: Buffer; fired: Firing[] } } = {},
 ): RedactedMessage {
-  const headResult = redactor.redactHead(rawHead, side);
+  const headResult = known.redacted ?? redactor.redactHead(rawHead, side);
   const fired = [...headResult.fired];
-  const head = parseStoredHead(headResult.head, side);
-  const contentEncoding = headerValue(head, 'content-encoding');
-  const contentType = headerValue(head, 'content-type');
-  const whole = Buffer.concat(payload);
+  // Header rules never touch the framing and content headers, so the head as parsed answers for them.
+  const framing = known.parsed ?? parseStoredHead(rawHead, side);
+  const contentEncoding = headerValue(framing, 'content-encoding');
+  const contentType = headerValue(framing, 'content-type');
+  const whole = payload.length === 1 ? payload[0]! : Buffer.concat(payload);
   if (whole.length === 0) return { head: headResult.head, body: Buffer.concat(wire), pieces: wire.map((w) => w.length), flags: [], fired };
   const bodyResult = redactor.redactBody(whole, side, contentEncoding, contentType);
   if (bodyResult.fired.length === 0) {
     return { head: headResult.head, body: Buffer.concat(wire), pieces: wire.map((w) => w.length), flags: [], fired };
   }
   fired.push(...bodyResult.fired);
+  const head = parseStoredHead(headResult.head, side);
   const flags: string[] = [];
   const remove: string[] = [];
   const chunked = /chunked/i.test(headerValue(head, 'transfer-encoding') ?? '');
@@ -154,12 +161,13 @@ export class ExchangeRecorder {
   private readonly requestWire: Buffer[] = [];
   private readonly requestPayload: Buffer[] = [];
   private responseHead: Buffer | null = null;
+  private responseHeadParsed: MessageHead | undefined;
+  /** the request head redacted once, when the exchange starts */
+  private readonly redactedRequestHead: { head: Buffer; fired: Firing[] };
   private readonly responseWire: Buffer[] = [];
   private readonly responsePayload: Buffer[] = [];
   private readonly chunkOffsets: number[] = [];
   private done = false;
-  /** the final write must land after the `open` one (two async LevelDB puts are not ordered) */
-  private readonly openWrite: Promise<unknown>;
 
   constructor(
     private readonly writer: TraceWriter,
@@ -177,7 +185,8 @@ export class ExchangeRecorder {
       redactions: [],
     };
     writer.register(this);
-    const { head, fired } = writer.redactor.redactHead(start.forwardedHead, 'request');
+    this.redactedRequestHead = writer.redactor.redactHead(start.forwardedHead, 'request');
+    const { head, fired } = this.redactedRequestHead;
     this.record.request = {
       method: start.method,
       target: this.redactTarget(head),
@@ -188,13 +197,23 @@ export class ExchangeRecorder {
       flags: [],
     };
     this.record.redactions = fired;
-    this.openWrite = writer.store.putExchange(writer.name, { record: { ...this.record }, requestHead: head, requestBody: Buffer.alloc(0), responseHead: Buffer.alloc(0), responseBody: Buffer.alloc(0) });
-    writer.track(this.openWrite);
+    // The store orders and batches writes: an exchange that completes within this turn writes once.
+    writer.track(writer.store.putExchange(writer.name, { record: { ...this.record }, requestHead: head, requestBody: Buffer.alloc(0), responseHead: Buffer.alloc(0), responseBody: Buffer.alloc(0) }));
   }
 
   private redactTarget(redactedHead: Buffer): string {
     const line = redactedHead.toString('latin1', 0, redactedHead.indexOf('\r\n'));
     return line.split(' ')[1] ?? this.start.target;
+  }
+
+  private readStamp: number | null = null;
+
+  /**
+   * Marks the start of one upstream read: the head and body chunks it carries get one timestamp, so a replay
+   * can send what arrived together in one write.
+   */
+  beginRead(): void {
+    this.readStamp = this.elapsed();
   }
 
   private elapsed(): number {
@@ -210,9 +229,10 @@ export class ExchangeRecorder {
     this.record.timings.requestEndMs = this.elapsed();
   }
 
-  onResponseHead(raw: Buffer, status: number): void {
-    this.record.timings.responseHeadMs = this.elapsed();
+  onResponseHead(raw: Buffer, status: number, parsed?: MessageHead): void {
+    this.record.timings.responseHeadMs = this.readStamp ?? this.elapsed();
     this.responseHead = raw;
+    this.responseHeadParsed = parsed;
     this.record.response = { status, headLength: 0, bodyLength: 0, flags: [], chunks: [] };
   }
 
@@ -220,7 +240,7 @@ export class ExchangeRecorder {
     if (wire.length === 0) return;
     this.responseWire.push(wire);
     this.responsePayload.push(Buffer.concat(payload));
-    this.chunkOffsets.push(this.elapsed());
+    this.chunkOffsets.push(this.readStamp ?? this.elapsed());
   }
 
   complete(): void {
@@ -240,13 +260,22 @@ export class ExchangeRecorder {
     this.record.state = state;
     this.record.timings.endMs = this.elapsed();
     const redactor = this.writer.redactor;
-    const request = redactMessage(redactor, 'request', this.start.forwardedHead, this.requestWire, this.requestPayload);
-    this.record.request = { ...this.record.request!, headLength: request.head.length, bodyLength: request.body.length, flags: request.flags };
+    const request = redactMessage(redactor, 'request', this.start.forwardedHead, this.requestWire, this.requestPayload, {
+      parsed: this.start.parsedHead,
+      redacted: this.redactedRequestHead,
+    });
+    this.record.request = {
+      ...this.record.request!,
+      headLength: request.head.length,
+      bodyLength: request.body.length,
+      flags: request.flags,
+      hash: requestHash(request.head, request.body),
+    };
     this.record.redactions = [...request.fired];
     let responseHead: Buffer = Buffer.alloc(0);
     let responseBody: Buffer = Buffer.alloc(0);
     if (this.responseHead && this.record.response) {
-      const response = redactMessage(redactor, 'response', this.responseHead, this.responseWire, this.responsePayload);
+      const response = redactMessage(redactor, 'response', this.responseHead, this.responseWire, this.responsePayload, { parsed: this.responseHeadParsed });
       responseHead = response.head;
       responseBody = response.body;
       const chunks: [number, number][] =
@@ -257,9 +286,7 @@ export class ExchangeRecorder {
       this.record.redactions.push(...response.fired);
     }
     const exchange: StoredExchange = { record: this.record, requestHead: request.head, requestBody: request.body, responseHead, responseBody };
-    const store = this.writer.store;
-    const name = this.writer.name;
-    this.writer.track(this.openWrite.catch(() => undefined).then(() => store.putExchange(name, exchange)));
+    this.writer.track(this.writer.store.putExchange(this.writer.name, exchange));
   }
 }
 

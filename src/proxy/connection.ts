@@ -253,6 +253,7 @@ class ForwardHandler implements RequestHandler {
         forwardedHead: forwarded.raw,
         droppedHeaders: forwarded.dropped,
         clientTarget: this.dispatch.clientTarget,
+        parsedHead: this.head,
       });
     }
     this.client.once('close', this.onClientClose);
@@ -322,6 +323,17 @@ class ForwardHandler implements RequestHandler {
       this.failMidResponse('bad-response', `the upstream sent a malformed response: ${(err as Error).message}`);
       return;
     }
+    // What arrived in one read leaves in one write (one TLS record for head and body, not two).
+    this.recorder?.beginRead();
+    this.client.cork();
+    try {
+      this.handleResponseEvents(events);
+    } finally {
+      this.client.uncork();
+    }
+  };
+
+  private handleResponseEvents(events: ParseEvent<ResponseHead>[]): void {
     for (const event of events) {
       if (event.type === 'head') {
         this.lastHeadInformational = isInformational(event.head);
@@ -329,7 +341,7 @@ class ForwardHandler implements RequestHandler {
         if (this.lastHeadInformational) continue;
         this.responseStarted = true;
         this.responseWantsClose = wantsClose(event.head) || this.isCloseDelimited(event.head);
-        this.recorder?.onResponseHead(event.head.raw, event.head.status);
+        this.recorder?.onResponseHead(event.head.raw, event.head.status, event.head);
       } else if (event.type === 'body') {
         this.writeToClient(event.wire);
         this.recorder?.responseBody(event.wire, event.payload);
@@ -339,7 +351,7 @@ class ForwardHandler implements RequestHandler {
         return;
       }
     }
-  };
+  }
 
   private isCloseDelimited(head: ResponseHead): boolean {
     if (this.head.method === 'HEAD' || head.status === 204 || head.status === 304) return false;

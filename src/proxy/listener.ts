@@ -118,7 +118,7 @@ export class ProxyListener {
       ALPNProtocols: ['http/1.1'],
       SNICallback: (servername, done) => {
         this.deps.minter.secureContextFor(servername || defaultHost).then(
-          (ctx) => done(null, ctx),
+          (ctx) => this.oneHandshakePerTurn(() => done(null, ctx)),
           (err: Error) => done(err),
         );
       },
@@ -144,6 +144,26 @@ export class ProxyListener {
     });
   }
 
+  private readonly handshakes: (() => void)[] = [];
+
+  /**
+   * Continuing a handshake signs with the leaf key (~0.5 ms) synchronously. A burst of new connections would
+   * resolve together and run back to back in one turn, stalling every other connection; one per turn keeps
+   * the event loop responsive.
+   */
+  private oneHandshakePerTurn(resume: () => void): void {
+    this.handshakes.push(resume);
+    if (this.handshakes.length > 1) return;
+    const next = () => {
+      try {
+        this.handshakes.shift()!();
+      } finally {
+        if (this.handshakes.length > 0) setImmediate(next);
+      }
+    };
+    setImmediate(next);
+  }
+
   destroyAll(): void {
     for (const socket of this.sockets) socket.destroy();
   }
@@ -166,12 +186,14 @@ export class ProxyListener {
     head: RequestHead,
     socket: net.Socket,
     request: { origin: Origin; route: Route; target: string; requestLine?: string; replace?: Map<string, string>; clientTarget?: string },
+    /** known already (a decrypted CONNECT tunnel is intercepted by construction) */
+    intercepted = this.intercepts(target, request.origin.host),
   ): Dispatch {
     const { origin } = request;
     if (target.kind === 'record') {
-      return { kind: 'forward', ...request, writer: this.intercepts(target, origin.host) ? target.writer : null };
+      return { kind: 'forward', ...request, writer: intercepted ? target.writer : null };
     }
-    if (this.intercepts(target, origin.host)) {
+    if (intercepted) {
       return { kind: 'handler', handler: new ReplayHandler(socket, target.player, { ...request, head }) };
     }
     const allowed = isIntercepted(target.player.options.allowLive, origin.host);
@@ -307,13 +329,19 @@ export class ProxyListener {
       }
     }
     if (!target.startsWith('/') && !(head.method === 'OPTIONS' && target === '*')) return refuse(400, 'malformed request target');
-    return this.route(session, head, socket, {
-      origin,
-      route: 'connect',
-      target,
-      requestLine: target === head.target ? undefined : `${head.method} ${target} ${head.version}`,
-      clientTarget: target === head.target ? undefined : head.target,
-    });
+    return this.route(
+      session,
+      head,
+      socket,
+      {
+        origin,
+        route: 'connect',
+        target,
+        requestLine: target === head.target ? undefined : `${head.method} ${target} ${head.version}`,
+        clientTarget: target === head.target ? undefined : head.target,
+      },
+      true,
+    );
   }
 
   /** A host outside the intercept policy: bytes pass untouched; the trace keeps host, port, sizes and timing. */

@@ -45,13 +45,14 @@ function isReservedInvalid(host: string): boolean {
 export class UpstreamPool {
   private readonly idle = new Map<string, net.Socket[]>();
   private readonly tlsSessions = new Map<string, Buffer>();
-  private readonly ca: string[] | undefined;
+  /** built once: passing `ca` to every tls.connect would parse ~150 root certificates per dial */
+  private readonly secureContext: tls.SecureContext | undefined;
   private readonly idleTimeoutMs: number;
   private readonly connectTimeoutMs: number;
   private closed = false;
 
   constructor(private readonly options: UpstreamOptions) {
-    this.ca = options.extraCAs.length > 0 ? [...tls.rootCertificates, ...options.extraCAs] : undefined;
+    this.secureContext = options.extraCAs.length > 0 ? tls.createSecureContext({ ca: [...tls.rootCertificates, ...options.extraCAs] }) : undefined;
     this.idleTimeoutMs = options.idleTimeoutMs ?? 4_000;
     this.connectTimeoutMs = options.connectTimeoutMs ?? 15_000;
   }
@@ -122,7 +123,7 @@ export class UpstreamPool {
           host: target.host,
           port: target.port,
           servername,
-          ca: this.ca,
+          secureContext: this.secureContext,
           ALPNProtocols: ['http/1.1'],
           session: this.tlsSessions.get(key),
           // Verify the certificate against the name the client asked for, not the --connect-to target.

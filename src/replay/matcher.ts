@@ -52,7 +52,7 @@ export class Matcher {
         seq: record.seq,
         endpoint,
         position: list.length,
-        hash: requestHash(exchange.requestHead, exchange.requestBody),
+        hash: record.request.hash ?? requestHash(exchange.requestHead, exchange.requestBody),
         exchange,
         usedBy: null,
       };
@@ -67,6 +67,12 @@ export class Matcher {
     const position = this.asked.get(endpoint) ?? 0;
     this.asked.set(endpoint, position + 1);
     return position;
+  }
+
+  /** The recording expected at this position, when its stored bytes equal the request's (no hashing needed). */
+  samePosition(endpoint: string, position: number, head: Buffer, body: Buffer): Recording | null {
+    const r = this.byEndpoint.get(endpoint)?.[position];
+    return r && r.usedBy === null && r.exchange.requestHead.equals(head) && r.exchange.requestBody.equals(body) ? r : null;
   }
 
   match(endpoint: string, position: number, hash: string): Match {

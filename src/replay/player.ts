@@ -99,9 +99,11 @@ export class ReplayPlayer {
   decide(request: { origin: Origin; route: Route; method: string; target: string; head: Buffer; body: Buffer }): ReplayDecision {
     const endpoint = endpointOf(request.method, request.origin, request.target);
     const position = this.matcher.nextPosition(endpoint);
-    const hash = requestHash(request.head, request.body);
+    // The common case, the same request at the same position, is a byte comparison; hash only otherwise.
+    const same = this.matcher.samePosition(endpoint, position, request.head, request.body);
+    const hash = same ? same.hash : requestHash(request.head, request.body);
     const index = this.outcomes.length;
-    const match = this.matcher.match(endpoint, position, hash);
+    const match: ReturnType<Matcher['match']> = same ? { kind: 'exact', recording: same, reordered: false } : this.matcher.match(endpoint, position, hash);
     const outcome: RequestOutcome = {
       index,
       endpoint,

@@ -79,7 +79,7 @@ export class ReplayHandler implements RequestHandler {
     const requestEnd = performance.now();
     const { head, target, origin, route } = this.request;
     const forwarded = forwardRequestHead(head, { requestLine: this.request.requestLine, replace: this.request.replace });
-    const stored = redactMessage(this.player.redactor, 'request', forwarded.raw, this.wire, this.payload);
+    const stored = redactMessage(this.player.redactor, 'request', forwarded.raw, this.wire, this.payload, { parsed: head });
     const decision = this.player.decide({ origin, route, method: head.method, target, head: stored.head, body: stored.body });
     if (decision.kind === 'refuse') {
       const code = decision.outcome.outcome === 'missing' ? 'replay_missing' : 'replay_diverged';
@@ -111,15 +111,21 @@ export class ReplayHandler implements RequestHandler {
       await this.write(localResponseBytes({ status: error.code === 'ETIMEDOUT' ? 504 : 502, headers: { 'x-mitm-replay-error': error.code }, body: `mitm-replay: ${error.message}\n`, close: true }));
       return false;
     }
-    await waitUntil(record.timings.responseHeadMs ?? recordedRequestEnd);
-    await this.write(divergenceId ? withHeader(exchange.responseHead, 'x-mitm-replay-divergence', divergenceId) : exchange.responseHead);
+    // Pieces recorded in the same upstream read (same offset) leave in one write, as they arrived.
+    const head = divergenceId ? withHeader(exchange.responseHead, 'x-mitm-replay-divergence', divergenceId) : exchange.responseHead;
+    const groups: { offset: number; parts: Buffer[] }[] = [{ offset: record.timings.responseHeadMs ?? recordedRequestEnd, parts: [head] }];
     let pos = 0;
     for (const [offset, length] of record.response.chunks) {
-      await waitUntil(offset);
-      await this.write(exchange.responseBody.subarray(pos, pos + length));
+      const part = exchange.responseBody.subarray(pos, pos + length);
       pos += length;
+      if (groups.at(-1)!.offset === offset) groups.at(-1)!.parts.push(part);
+      else groups.push({ offset, parts: [part] });
     }
-    if (pos < exchange.responseBody.length) await this.write(exchange.responseBody.subarray(pos));
+    if (pos < exchange.responseBody.length) groups.at(-1)!.parts.push(exchange.responseBody.subarray(pos));
+    for (const group of groups) {
+      await waitUntil(group.offset);
+      await this.write(group.parts.length === 1 ? group.parts[0]! : Buffer.concat(group.parts));
+    }
     if (record.state !== 'complete' && record.error && record.error.phase === 'response') {
       // Recorded cut off mid-stream (an upstream reset): reset the replayed stream at the same byte, once the
       // bytes before it have left (destroy would discard what is still queued).

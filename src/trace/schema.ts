@@ -80,6 +80,8 @@ export interface StoredRequestInfo extends StoredMessageInfo {
   droppedHeaders: string[];
   /** what the client sent differently (absolute-form target or base-URL path, Host) when not the same as stored */
   clientTarget?: string;
+  /** SHA-256 of the stored head and body (replay's match key; `requestHash` in replay/matcher.ts) */
+  hash?: string;
 }
 
 export interface StoredResponseInfo extends StoredMessageInfo {

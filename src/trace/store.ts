@@ -35,6 +35,12 @@ const key = {
  * already-redacted exchange records. One process at a time may open it (LevelDB's LOCK).
  */
 export class TraceStore {
+  /** exchange writes waiting for the next batch; a later write of the same key replaces the queued one */
+  private readonly queued = new Map<string, Buffer>();
+  private queuedWaiters: { resolve: () => void; reject: (err: Error) => void }[] = [];
+  private flushing: Promise<void> = Promise.resolve();
+  private flushScheduled = false;
+
   private constructor(private readonly db: Level<string, Buffer>) {}
 
   static async open(path: string, options: StoreOptions = {}): Promise<TraceStore> {
@@ -53,7 +59,39 @@ export class TraceStore {
   }
 
   async close(): Promise<void> {
+    await this.flushQueue();
     await this.db.close();
+  }
+
+  /**
+   * Exchange writes are batched: everything queued during one turn of the event loop goes to LevelDB as one
+   * batch (one native call instead of one per write), batches in order. The promise resolves once the write is
+   * in LevelDB (its write-ahead log), so a completed exchange still survives a SIGKILL right after.
+   */
+  private enqueue(key: string, value: Buffer): Promise<void> {
+    this.queued.set(key, value);
+    const done = new Promise<void>((resolve, reject) => this.queuedWaiters.push({ resolve, reject }));
+    if (!this.flushScheduled) {
+      this.flushScheduled = true;
+      setImmediate(() => void this.flushQueue());
+    }
+    return done;
+  }
+
+  private flushQueue(): Promise<void> {
+    this.flushScheduled = false;
+    if (this.queued.size === 0) return this.flushing;
+    const ops = [...this.queued].map(([k, value]) => ({ type: 'put' as const, key: k, value }));
+    const waiters = this.queuedWaiters;
+    this.queued.clear();
+    this.queuedWaiters = [];
+    this.flushing = this.flushing
+      .then(() => this.db.batch(ops))
+      .then(
+        () => waiters.forEach((w) => w.resolve()),
+        (err: Error) => waiters.forEach((w) => w.reject(err)),
+      );
+    return this.flushing;
   }
 
   async getTrace(name: string): Promise<TraceMeta | undefined> {
@@ -81,6 +119,7 @@ export class TraceStore {
   }
 
   async deleteTrace(name: string): Promise<void> {
+    await this.flushQueue();
     await this.db.clear(key.traceRange(name));
   }
 
@@ -113,21 +152,24 @@ export class TraceStore {
     return reports.sort((a, b) => a.finishedAt - b.finishedAt);
   }
 
-  async putExchange(name: string, exchange: StoredExchange): Promise<void> {
-    await this.db.put(key.exchange(name, exchange.record.seq), encodeExchange(exchange));
+  putExchange(name: string, exchange: StoredExchange): Promise<void> {
+    return this.enqueue(key.exchange(name, exchange.record.seq), encodeExchange(exchange));
   }
 
   async getExchange(name: string, seq: number): Promise<StoredExchange | undefined> {
+    await this.flushQueue();
     const value = await this.db.get(key.exchange(name, seq));
     return value === undefined ? undefined : decodeExchange(value);
   }
 
   async *exchanges(name: string): AsyncGenerator<StoredExchange> {
+    await this.flushQueue();
     for await (const value of this.db.values(key.exchangeRange(name))) yield decodeExchange(value);
   }
 
   /** Highest sequence number stored for a trace, or -1. */
   async lastSeq(name: string): Promise<number> {
+    await this.flushQueue();
     for await (const k of this.db.keys({ ...key.exchangeRange(name), reverse: true, limit: 1 })) {
       return Number(k.slice(k.lastIndexOf(':') + 1));
     }
