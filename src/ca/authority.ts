@@ -59,12 +59,14 @@ export function certificateFingerprint(certPem: string): string {
  * attributes: that re-encoding can differ byte-wise from the CA's own subject (multi-valued RDNs, other string
  * types), and clients build chains by comparing names.
  */
-export function encodeToBeSigned(cert: forge.pki.Certificate, issuerDn?: forge.asn1.Asn1): Buffer {
+export function encodeToBeSigned(cert: forge.pki.Certificate, issuerDn?: forge.asn1.Asn1, subjectPublicKeyInfo?: forge.asn1.Asn1): Buffer {
   cert.siginfo.algorithmOid = forge.pki.oids.sha256WithRSAEncryption;
   cert.signatureOid = forge.pki.oids.sha256WithRSAEncryption;
   // getTBSCertificate is public in forge but missing from @types/node-forge.
   const tbs = (forge.pki as unknown as { getTBSCertificate(c: forge.pki.Certificate): forge.asn1.Asn1 }).getTBSCertificate(cert);
   if (issuerDn) (tbs.value as forge.asn1.Asn1[])[3] = issuerDn;
+  // forge can only encode RSA keys; an EC (or any) key's SubjectPublicKeyInfo is spliced in as DER.
+  if (subjectPublicKeyInfo) (tbs.value as forge.asn1.Asn1[])[6] = subjectPublicKeyInfo;
   // certificateToAsn1 uses cert.tbsCertificate when set instead of rebuilding it, so the bytes signed here are
   // exactly the bytes emitted, issuer splice included.
   cert.tbsCertificate = tbs;
