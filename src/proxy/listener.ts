@@ -11,6 +11,33 @@ import { safeDecode, type SessionLookup, type SessionRegistry, type SessionTarge
 import { ReplayHandler } from '../replay/serve.js';
 import type { UpstreamPool } from './upstream.js';
 
+/** TLS handshakes in progress at once (see terminateTls), and how long one may take. */
+const MAX_CONCURRENT_HANDSHAKES = 4;
+const HANDSHAKE_TIMEOUT_MS = 10_000;
+
+/** A counting semaphore: `acquire` resolves with a release function once one of `size` slots is free. */
+class Slots {
+  private free: number;
+  private readonly waiting: (() => void)[] = [];
+
+  constructor(size: number) {
+    this.free = size;
+  }
+
+  async acquire(): Promise<() => void> {
+    if (this.free > 0) this.free--;
+    else await new Promise<void>((resolve) => this.waiting.push(resolve));
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      const next = this.waiting.shift();
+      if (next) next();
+      else this.free++;
+    };
+  }
+}
+
 /** Paths on the daemon's own listener. */
 export const BASE_ROUTE_PREFIX = '/__mitm-replay/b/';
 export const CONTROL_PREFIX = '/__mitm-replay/api/';
@@ -104,6 +131,21 @@ export class ProxyListener {
 
   /** TLS server side on a client socket, with a leaf for the SNI name (or `defaultHost` without SNI). */
   private async terminateTls(socket: net.Socket, defaultHost: string, onFailure?: (code: string, message: string) => void): Promise<tls.TLSSocket | null> {
+    // A burst of new connections is let into the TLS handshake a few at a time: OpenSSL's work for each
+    // handshake (key exchange, signature) runs on the event loop, and a hundred at once would stall every
+    // stream in flight. The others wait with their ClientHello unread.
+    const release = await this.handshakeSlots.acquire();
+    try {
+      return await this.handshake(socket, defaultHost, onFailure);
+    } finally {
+      release();
+    }
+  }
+
+  private readonly handshakeSlots = new Slots(MAX_CONCURRENT_HANDSHAKES);
+
+  private async handshake(socket: net.Socket, defaultHost: string, onFailure?: (code: string, message: string) => void): Promise<tls.TLSSocket | null> {
+    if (socket.destroyed) return null;
     let context: tls.SecureContext;
     try {
       context = await this.deps.minter.secureContextFor(defaultHost);
@@ -130,7 +172,13 @@ export class ProxyListener {
       socket.destroy();
     });
     return new Promise((resolve) => {
+      // A client that never finishes its handshake must not hold a handshake slot forever.
+      const timer = setTimeout(() => {
+        failure ??= { code: 'tls-handshake-timeout', message: `the client did not finish the TLS handshake within ${HANDSHAKE_TIMEOUT_MS / 1000} s` };
+        tlsSocket.destroy();
+      }, HANDSHAKE_TIMEOUT_MS);
       const onClose = () => {
+        clearTimeout(timer);
         // A handshake that never finished (an error, or the client closing midway) is reported, not dropped.
         const { code, message } = failure ?? { code: 'tls-handshake-incomplete', message: 'the client closed the connection before the TLS handshake completed' };
         onFailure?.(code, message);
@@ -138,6 +186,7 @@ export class ProxyListener {
       };
       tlsSocket.once('close', onClose);
       tlsSocket.once('secure', () => {
+        clearTimeout(timer);
         tlsSocket.removeListener('close', onClose);
         resolve(tlsSocket);
       });
