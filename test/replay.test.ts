@@ -4,7 +4,7 @@ import OpenAI from 'openai';
 import https from 'node:https';
 import type { ReplayReport, Verdict } from '../src/replay/verdict.js';
 import { childEnvironment } from '../src/launch/child-env.js';
-import { TunnelAgent, basicAuth, request, startHarness, type ClientResponse, type Harness } from './helpers/proxy.js';
+import { TunnelAgent, basicAuth, connectTunnel, request, startHarness, type ClientResponse, type Harness } from './helpers/proxy.js';
 
 let h: Harness;
 
@@ -197,6 +197,53 @@ describe('replay matching and the verdict', () => {
     expect(report.verdict).toMatchObject({ diverged: 1, reused: 1, unused: 0, exact: 0, ending: 'DIAGNOSTIC' });
     expect(report.line.endsWith('-> DIAGNOSTIC')).toBe(true);
     expectInvariants(report.verdict);
+  });
+
+  it('refusals: the provider error shape, an event: error frame for streams; diagnostic still refuses what has no counterpart', async () => {
+    const trace = await recordTrace('shapes', async (c) => {
+      await c.post(CHAT, chatBody('recorded'));
+    });
+    const responses: ClientResponse[] = [];
+    const { report } = await replayTrace(
+      trace,
+      async (c) => {
+        responses.push(await c.post(CHAT, chatBody('recorded')));
+        responses.push(await c.post(CHAT, chatBody('one more', true)));
+        responses.push(await c.post('https://api.anthropic.com/v1/messages', JSON.stringify({ model: 'claude-haiku-4-5', messages: [] })));
+      },
+      { diagnostic: true },
+    );
+    const [served, stream, anthropic] = responses;
+    expect(served!.status).toBe(200);
+    expect(stream!.status).toBe(502);
+    const header = (r: ClientResponse, name: string) => r.rawHeaders[r.rawHeaders.findIndex((h) => h.toLowerCase() === name) + 1];
+    expect(header(stream!, 'content-type')).toBe('text/event-stream');
+    expect(header(stream!, 'x-should-retry')).toBe('false');
+    const frame = stream!.body.toString();
+    expect(frame.startsWith('event: error\ndata: ')).toBe(true);
+    expect(JSON.parse(frame.split('\n')[1]!.slice(6)).error.message).toContain('no unused recording');
+    expect(anthropic!.status).toBe(502);
+    const anthropicError = JSON.parse(anthropic!.body.toString());
+    expect(anthropicError.type).toBe('error');
+    expect(anthropicError.error.type).toBe('mitm_replay_refused');
+    expect(report.verdict).toMatchObject({ requests: 3, exact: 1, missing: 2, ending: 'DIAGNOSTIC' });
+    expectInvariants(report.verdict);
+  });
+
+  it('--allow-live lets a named tunnelled host through and says so: egress=live:N', async () => {
+    const trace = await recordTrace('live', async (c) => {
+      await c.get('https://tools.example.test/echo');
+    });
+    const session = await h.daemon.registerSession({ mode: 'replay', trace, allowLive: ['tunnel.example.test'] });
+    const client = clientFor(session);
+    await client.get('https://tools.example.test/echo');
+    // tunnel.example.test was never intercepted: its tunnel goes live (here, to the local upstream)
+    const tunnel = await connectTunnel(h.daemon.port, 'tunnel.example.test:443', basicAuth(session.id, session.token));
+    tunnel.destroy();
+    client.close();
+    const ended = (await h.daemon.endSession(session.id)) as { report: ReplayReport };
+    expect(ended.report.verdict.egress).toBe('live:1');
+    expect(ended.report.line).toContain('egress=live:1 -> PASS');
   });
 
   it('SSE replay: byte-identical frames; --pace recorded keeps the gaps within a few ms', async () => {
