@@ -10,11 +10,15 @@
  *
  * Processes: the upstream and the daemon each run in a child process of their own, mitmdump in its own, and
  * the load generator here, so no proxy shares an event loop with the client. Loopback only.
+ * Files: ca.mjs (throwaway upstream CA), client.mjs (raw HTTP/1.1 client, direct or via CONNECT),
+ * upstream-child.mjs, daemon-child.mjs (Daemon from dist/ + event-loop delay / CPU profile over IPC),
+ * profile-summary.mjs (top frames of a .cpuprofile), repro-paused-upstream.mjs (a hang the bench found).
  */
 import { execFileSync, fork, spawn } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import https from 'node:https';
 import net from 'node:net';
-import { cpus, tmpdir } from 'node:os';
+import { cpus, loadavg, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { createSecureContext } from 'node:tls';
 import { fileURLToPath } from 'node:url';
@@ -202,13 +206,27 @@ function cpuSeconds(pid) {
   }
 }
 
-function cpuSnapshot(pids) {
-  return { at: now(), cpu: Object.fromEntries(Object.entries(pids).map(([name, pid]) => [name, cpuSeconds(pid)])) };
+/** CPU seconds used by the whole machine (all processes), from /proc/stat. */
+function systemBusySeconds() {
+  try {
+    const fields = readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1).map(Number);
+    const [user, nice, system, , , irq, softirq, steal] = fields;
+    return (user + nice + system + irq + softirq + (steal ?? 0)) / clockTicks;
+  } catch {
+    return NaN;
+  }
 }
 
+function cpuSnapshot(pids) {
+  return { at: now(), system: systemBusySeconds(), cpu: Object.fromEntries(Object.entries(pids).map(([name, pid]) => [name, cpuSeconds(pid)])) };
+}
+
+/** % of one core per process, plus `other`: what the rest of the machine used meanwhile (noise from outside the bench). */
 function cpuPercent(start, end) {
   const wall = (end.at - start.at) / 1000;
-  return Object.fromEntries(Object.keys(start.cpu).map((name) => [name, (100 * (end.cpu[name] - start.cpu[name])) / wall]));
+  const ours = Object.fromEntries(Object.keys(start.cpu).map((name) => [name, (100 * (end.cpu[name] - start.cpu[name])) / wall]));
+  const system = (100 * (end.system - start.system)) / wall;
+  return { ...ours, other: Math.max(0, system - Object.values(ours).reduce((a, b) => a + b, 0)) };
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -238,7 +256,8 @@ async function loadPhase(mode, fresh) {
           onConn = 0;
         }
         onConn++;
-        const r = await conn.request('/echo', { host: upstreamHost, close: fresh });
+        // 5 s: a request the proxy never answers costs the phase little, and shows up as an error
+        const r = await conn.request('/echo', { host: upstreamHost, close: fresh, timeoutMs: 5_000 });
         if (r.status !== 200) {
           errors++;
           lastError = `status ${r.status}`;
@@ -306,22 +325,27 @@ async function largePhase(mode) {
 }
 
 /**
- * 100 CONNECTs to 100 host names the daemon has never seen, all at once, while the daemon measures its own
- * event-loop delay. withRequest: each connection also sends GET /echo (so the daemon dials the upstream too).
+ * 100 CONNECTs to 100 host names, all at once (or one every gapMs), while the daemon measures its own event-loop
+ * delay. withRequest: each connection also sends GET /echo (so the daemon dials the upstream too); without it,
+ * connections stay open until every handshake is done (closing at once would cut the server's side short).
  */
-async function mintPhase(names, withRequest) {
+async function mintPhase(names, { withRequest = false, gapMs = 0 } = {}) {
   await rpc(daemon.child, 'eld-start');
   const t0 = now();
+  const open = [];
   const results = await Promise.allSettled(
-    names.map(async (name) => {
+    names.map(async (name, i) => {
+      if (gapMs > 0) await sleep(i * gapMs);
       const start = now();
       const socket = await openTls({ proxyPort: daemon.port, host: name, port: 443, servername: name, secureContext: daemonContext, timeoutMs: 30_000 });
       const handshakeMs = now() - start;
+      if (!withRequest) {
+        open.push(socket);
+        return handshakeMs;
+      }
       try {
-        if (withRequest) {
-          const r = await new Conn(socket).request('/echo', { host: name });
-          if (r.status !== 200) throw new Error(`status ${r.status}`);
-        }
+        const r = await new Conn(socket).request('/echo', { host: name });
+        if (r.status !== 200) throw new Error(`status ${r.status}`);
       } finally {
         socket.destroy();
       }
@@ -330,16 +354,73 @@ async function mintPhase(names, withRequest) {
   );
   const wallMs = now() - t0;
   const eld = await rpc(daemon.child, 'eld-stop');
+  for (const socket of open) socket.destroy();
   const ok = results.filter((r) => r.status === 'fulfilled').map((r) => r.value);
   const failed = results.filter((r) => r.status === 'rejected');
   return { eldP50: eld.p50, eldP99: eld.p99, eldMax: eld.max, eldCount: eld.count, wallMs, handshakeP50: median(ok), handshakeMax: Math.max(...ok), failures: failed.length, firstFailure: failed[0]?.reason?.message };
+}
+
+/**
+ * Reference only: keep-alive req/s with node:https (an https.Agent, keep-alive, 8 sockets) as the client instead of
+ * the raw client. A heavier client shrinks the direct figure, so ratios to direct depend on the client; this shows
+ * by how much.
+ */
+class TunnelAgent extends https.Agent {
+  constructor(proxyPort, secureContext) {
+    super({ keepAlive: true, maxSockets: CONFIG.connections });
+    this.proxyPort = proxyPort;
+    this.tunnelContext = secureContext;
+  }
+
+  createConnection(options, callback) {
+    openTls({ proxyPort: this.proxyPort, host: options.host, port: options.port, secureContext: this.tunnelContext }).then(
+      (socket) => callback(null, socket),
+      (err) => callback(err),
+    );
+    return undefined;
+  }
+}
+
+async function nodeClientPhase(mode) {
+  const agent = mode.proxyPort ? new TunnelAgent(mode.proxyPort, mode.secureContext) : new https.Agent({ keepAlive: true, maxSockets: CONFIG.connections, secureContext: mode.secureContext });
+  const warmEnd = now() + CONFIG.warmMs;
+  const end = warmEnd + CONFIG.measureMs;
+  let count = 0;
+  let errors = 0;
+  const get = () =>
+    new Promise((resolve, reject) => {
+      const req = https.get({ host: '127.0.0.1', port: upstreamPort, path: '/echo', agent, timeout: 5_000 }, (res) => {
+        res.on('data', () => {});
+        res.on('end', () => resolve(res.statusCode));
+        res.on('error', reject);
+      });
+      req.on('timeout', () => req.destroy(new Error('timed out')));
+      req.on('error', reject);
+    });
+  const worker = async () => {
+    while (now() < end) {
+      try {
+        const status = await get();
+        const t = now();
+        if (status === 200 && t >= warmEnd && t <= end) count++;
+      } catch {
+        errors++;
+        await sleep(5);
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: CONFIG.connections }, worker));
+  agent.destroy();
+  return { rate: count / (CONFIG.measureMs / 1000), errors };
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 // Main
 // ---------------------------------------------------------------------------------------------------------------
 
+let loadBefore = [0, 0, 0];
 let upstreamPid = 0;
+let upstreamPort = 0;
 let upstreamChild = null;
 let upstreamHost = '';
 let daemon = null;
@@ -352,6 +433,7 @@ function fmt(x, digits = 0) {
 
 async function main() {
   const started = now();
+  loadBefore = loadavg();
   const hardStop = setTimeout(() => {
     console.error(`[bench] hard deadline of ${CONFIG.deadlineMs / 1000} s reached: giving up`);
     cleanup();
@@ -366,6 +448,7 @@ async function main() {
   upstreamPid = upstream.child.pid;
   upstreamChild = upstream.child;
   upstreamHost = `127.0.0.1:${upstream.port}`;
+  upstreamPort = upstream.port;
   daemon = await startDaemon(upstream.port, ca.caCertPem);
   daemonContext = createSecureContext({ ca: daemon.caPem });
   let mitm = null;
@@ -381,12 +464,12 @@ async function main() {
   const target = { host: '127.0.0.1', port: upstream.port };
   const upstreamContext = createSecureContext({ ca: ca.caCertPem });
   const modes = [
-    { name: 'direct', open: () => openTls({ proxyPort: null, ...target, secureContext: upstreamContext }) },
-    { name: 'mitm-replay', pid: daemon.child.pid, open: () => openTls({ proxyPort: daemon.port, ...target, secureContext: daemonContext }) },
+    { name: 'direct', secureContext: upstreamContext, open: () => openTls({ proxyPort: null, ...target, secureContext: upstreamContext }) },
+    { name: 'mitm-replay', pid: daemon.child.pid, proxyPort: daemon.port, secureContext: daemonContext, open: () => openTls({ proxyPort: daemon.port, ...target, secureContext: daemonContext }) },
   ];
   if (mitm) {
     const mitmContext = createSecureContext({ ca: mitm.caPem });
-    modes.push({ name: 'mitmdump', pid: mitm.child.pid, open: () => openTls({ proxyPort: mitm.port, ...target, secureContext: mitmContext }) });
+    modes.push({ name: 'mitmdump', pid: mitm.child.pid, proxyPort: mitm.port, secureContext: mitmContext, open: () => openTls({ proxyPort: mitm.port, ...target, secureContext: mitmContext }) });
   }
 
   // Sanity + warm-up: one request each way (mints 127.0.0.1's leaf in the proxies, fills pools).
@@ -402,7 +485,7 @@ async function main() {
   const idleEld = await rpc(daemon.child, 'eld-stop');
 
   const results = Object.fromEntries(modes.map((m) => [m.name, { keepAlive: [], fresh: [], sse: [], large: [], cpuKeepAlive: [], cpuFresh: [], upstreamKeepAlive: [], upstreamFresh: [], usPerReqKeepAlive: [], usPerReqFresh: [], errors: [] }]));
-  const mint = { pure: [], withRequest: [] };
+  const mint = { pure: [], cached: [], paced: [], withRequest: [] };
   const ssePerRound = (round) => Math.floor(CONFIG.sseSamples / CONFIG.rounds) + (round < CONFIG.sseSamples % CONFIG.rounds ? 1 : 0);
 
   for (let round = 0; round < CONFIG.rounds; round++) {
@@ -439,13 +522,32 @@ async function main() {
       log(`  ${mode.name} ${rates.map((r) => fmt(r)).join('/')}`);
     }
     const suffix = round === 0 ? '' : `-r${round + 1}`;
-    const pure = await mintPhase(Array.from({ length: CONFIG.mintHosts }, (_, i) => `h${i + 1}${suffix}.bench.test`), false);
-    const withRequest = await mintPhase(Array.from({ length: CONFIG.mintHosts }, (_, i) => `g${i + 1}${suffix}.bench.test`), true);
+    const hosts = (prefix) => Array.from({ length: CONFIG.mintHosts }, (_, i) => `${prefix}${i + 1}${suffix}.bench.test`);
+    const mintNames = hosts('h');
+    const pure = await mintPhase(mintNames);
+    const cached = await mintPhase(mintNames); // the same 100 hosts again: handshakes without minting
+    const paced = await mintPhase(hosts('s'), { gapMs: 5 });
+    const withRequest = await mintPhase(hosts('g'), { withRequest: true });
     mint.pure.push(pure);
+    mint.cached.push(cached);
+    mint.paced.push(paced);
     mint.withRequest.push(withRequest);
-    log(`\n  mint 100 hosts     handshakes only: ELD p99 ${fmt(pure.eldP99, 2)} ms max ${fmt(pure.eldMax, 2)} ms, ${fmt(pure.wallMs)} ms wall${pure.failures ? `, ${pure.failures} FAILED (${pure.firstFailure})` : ''}`);
-    log(`\n                     + GET each:      ELD p99 ${fmt(withRequest.eldP99, 2)} ms max ${fmt(withRequest.eldMax, 2)} ms, ${fmt(withRequest.wallMs)} ms wall${withRequest.failures ? `, ${withRequest.failures} FAILED (${withRequest.firstFailure})` : ''}\n`);
+    const mintLine = (label, m) =>
+      `\n  ${label.padEnd(34)} ELD p99 ${fmt(m.eldP99, 2)} ms, max ${fmt(m.eldMax, 2)} ms, ${fmt(m.wallMs)} ms wall${m.failures ? `, ${m.failures} FAILED (${m.firstFailure})` : ''}`;
+    log(mintLine('100 new hosts at once', pure));
+    log(mintLine('same 100 hosts again (cached)', cached));
+    log(mintLine('100 new hosts, one per 5 ms', paced));
+    log(`${mintLine('100 new hosts at once + GET each', withRequest)}\n`);
   }
+
+  // ---- reference: the same keep-alive load with node:https as the client (one round)
+  const nodeClient = {};
+  process.stdout.write(`\nreference, keep-alive req/s with node:https as the client:`);
+  for (const mode of modes) {
+    nodeClient[mode.name] = await nodeClientPhase(mode);
+    process.stdout.write(`  ${mode.name} ${fmt(nodeClient[mode.name].rate)}${nodeClient[mode.name].errors ? ` (${nodeClient[mode.name].errors} err)` : ''}`);
+  }
+  process.stdout.write('\n');
 
   // ---- profiles (optional): the daemon only, one phase at a time
   const profiles = [];
@@ -458,7 +560,9 @@ async function main() {
       ['new-connections', () => loadPhase(mode, true)],
       ['sse', () => ssePhase(mode, 50)],
       ['large', () => largePhase(mode)],
-      ['mint', () => mintPhase(Array.from({ length: CONFIG.mintHosts }, (_, i) => `p${i + 1}.bench.test`), false)],
+      ['mint', () => mintPhase(Array.from({ length: CONFIG.mintHosts }, (_, i) => `p${i + 1}.bench.test`))],
+      ['handshakes-cached', () => mintPhase(Array.from({ length: CONFIG.mintHosts }, (_, i) => `p${i + 1}.bench.test`))],
+      ['mint-and-get', () => mintPhase(Array.from({ length: CONFIG.mintHosts }, (_, i) => `q${i + 1}.bench.test`), { withRequest: true })],
     ];
     for (const [name, run] of phases) {
       const file = join(dir, `${name}.cpuprofile`);
@@ -492,6 +596,16 @@ async function main() {
     rows.push(cells);
   };
   line('keep-alive GET /echo, req/s (8 conns)', (r) => median(r.keepAlive), 0, '≥ 0.5× direct');
+  {
+    const d = nodeClient.direct?.rate;
+    const cells = ['… same with node:https as the client (reference, 1 round)', fmt(d)];
+    for (const name of ['mitm-replay', 'mitmdump']) {
+      const v = nodeClient[name]?.rate;
+      cells.push(fmt(v), v === undefined ? '—' : `${fmt(ratio(v, d), 2)}×`);
+    }
+    cells.push('');
+    rows.push(cells);
+  }
   line('new CONNECT+TLS conns/s (8 concurrent)', (r) => median(r.fresh), 0, '≥ 0.5× direct');
   line('large body GET /large?mb=20, MiB/s', (r) => median(r.large), 0, '');
   const sse = (name, p) => (results[name] ? percentile(results[name].sse, p) : NaN);
@@ -507,12 +621,17 @@ async function main() {
   };
   sseRow(50);
   sseRow(99);
-  const mintP99 = median(mint.pure.map((m) => m.eldP99));
-  const mintMax = Math.max(...mint.pure.map((m) => m.eldMax));
-  const mintReqP99 = median(mint.withRequest.map((m) => m.eldP99));
-  const mintReqMax = Math.max(...mint.withRequest.map((m) => m.eldMax));
-  rows.push(['daemon event-loop delay, 100 new hosts (CONNECT+TLS), p99 / max ms', '—', `${fmt(mintP99, 2)} / ${fmt(mintMax, 2)}`, '', '—', '', 'p99 ≤ 5 ms']);
-  rows.push(['… same, + one GET per host (upstream dial), p99 / max ms', '—', `${fmt(mintReqP99, 2)} / ${fmt(mintReqMax, 2)}`, '', '—', '', '(p99 ≤ 5 ms)']);
+  const eldOf = (list) => ({ p99: median(list.map((m) => m.eldP99)), max: Math.max(...list.map((m) => m.eldMax)) });
+  const mintRow = (label, list, target) => {
+    const e = eldOf(list);
+    rows.push([label, '—', `${fmt(e.p99, 2)} / ${fmt(e.max, 2)}`, '', '—', '', target]);
+    return e;
+  };
+  const mintPure = mintRow('daemon event-loop delay p99 / max ms: 100 new hosts, CONNECT+TLS all at once', mint.pure, 'p99 ≤ 5 ms');
+  mintRow('… the same 100 hosts again (leaves cached: handshakes only)', mint.cached, '');
+  mintRow('… 100 new hosts, one every 5 ms', mint.paced, '');
+  mintRow('… 100 new hosts at once + one GET each (upstream dials)', mint.withRequest, '');
+  const mintP99 = mintPure.p99;
   rows.push(['daemon event-loop delay idle, p99 / max ms', '—', `${fmt(idleEld.p99, 2)} / ${fmt(idleEld.max, 2)}`, '', '—', '', '']);
 
   const header = ['metric', 'direct', 'mitm-replay', 'ratio', 'mitmdump', 'ratio', 'target'];
@@ -536,10 +655,10 @@ async function main() {
   const cpuLine = (name, key, usKey) => {
     const r = results[name];
     if (!r) return null;
-    const procs = ['bench', 'upstream', 'proxy'];
+    const procs = ['bench', 'upstream', 'proxy', 'other'];
     const parts = procs
       .filter((p) => r[key][0]?.[p] !== undefined)
-      .map((p) => `${p === 'proxy' ? name : p} ${fmt(median(r[key].map((c) => c[p])))}%`);
+      .map((p) => `${p === 'proxy' ? name : p === 'other' ? 'rest of machine' : p} ${fmt(median(r[key].map((c) => c[p])))}%`);
     const us = median(r[usKey].filter((x) => x !== undefined));
     const upstreamKey = key === 'cpuKeepAlive' ? 'upstreamKeepAlive' : 'upstreamFresh';
     return `  ${name.padEnd(12)} ${parts.join(', ')}${Number.isFinite(us) ? `; proxy CPU ${fmt(us)} µs/request` : ''}; ${upstreamLine(r[upstreamKey])}`;
@@ -549,6 +668,9 @@ async function main() {
   console.log(table);
   console.log('\n## Targets (mitm-replay while recording)\n');
   for (const [what, met, value] of targets) console.log(`- ${met ? 'MET   ' : 'MISSED'} ${what}: ${value}`);
+  const foreign = Math.max(...modes.flatMap((m) => [...results[m.name].cpuKeepAlive, ...results[m.name].cpuFresh].map((c) => c.other ?? 0)));
+  const loadNote = `CPU used by processes outside the bench during the load phases: up to ${fmt(foreign)}% of a core`;
+  console.log(`\n${foreign > 15 ? `WARNING: the machine was busy with other work (${loadNote}): figures are noisy; rerun on a quiet machine.` : `Quiet machine: ${loadNote}.`}`);
   console.log('\n## CPU use per process during the load phases (% of one core; 2 cores = 200%)\n');
   console.log('keep-alive:');
   for (const m of modes) console.log(cpuLine(m.name, 'cpuKeepAlive', 'usPerReqKeepAlive'));
@@ -559,9 +681,13 @@ async function main() {
     const r = results[m.name];
     console.log(`  ${m.name.padEnd(12)} keep-alive ${r.keepAlive.map((x) => fmt(x)).join(' / ')}; new conns ${r.fresh.map((x) => fmt(x)).join(' / ')}; large ${r.large.map((x) => fmt(x)).join(' / ')} MiB/s${r.errors.length ? `; errors: ${r.errors.join('; ')}` : ''}`);
   }
-  console.log(`  mint ELD p99 (handshakes only) ${mint.pure.map((m) => fmt(m.eldP99, 2)).join(' / ')} ms, max ${mint.pure.map((m) => fmt(m.eldMax, 2)).join(' / ')} ms, wall ${mint.pure.map((m) => fmt(m.wallMs)).join(' / ')} ms, handshake p50 ${mint.pure.map((m) => fmt(m.handshakeP50)).join(' / ')} ms`);
-  console.log(`  mint ELD p99 (+ GET)           ${mint.withRequest.map((m) => fmt(m.eldP99, 2)).join(' / ')} ms, max ${mint.withRequest.map((m) => fmt(m.eldMax, 2)).join(' / ')} ms, wall ${mint.withRequest.map((m) => fmt(m.wallMs)).join(' / ')} ms`);
-  const failures = [...mint.pure, ...mint.withRequest].reduce((n, m) => n + m.failures, 0);
+  const mintDetail = (label, list) =>
+    console.log(`  ${label.padEnd(24)} ELD p99 ${list.map((m) => fmt(m.eldP99, 2)).join(' / ')} ms, max ${list.map((m) => fmt(m.eldMax, 2)).join(' / ')} ms, wall ${list.map((m) => fmt(m.wallMs)).join(' / ')} ms, handshake p50 ${list.map((m) => fmt(m.handshakeP50)).join(' / ')} ms`);
+  mintDetail('mint, all at once', mint.pure);
+  mintDetail('same hosts (cached)', mint.cached);
+  mintDetail('mint, one per 5 ms', mint.paced);
+  mintDetail('mint at once + GET', mint.withRequest);
+  const failures = [...mint.pure, ...mint.cached, ...mint.paced, ...mint.withRequest].reduce((n, m) => n + m.failures, 0);
   if (failures) console.log(`  mint failures: ${failures}`);
 
   for (const p of profiles) console.log(`\n${formatSummary(`daemon profile, ${p.name} (${p.file.replace(`${here}/`, 'bench/')})`, p.summary)}`);
@@ -574,8 +700,11 @@ async function main() {
     config: CONFIG,
     mitmdump: mitm ? MITMDUMP : null,
     results,
+    nodeClient,
     mint,
     idleEld,
+    loadBefore,
+    foreignCpuMax: foreign,
     targets: targets.map(([what, met, value]) => ({ what, met, value })),
     profiles: profiles.map((p) => ({ name: p.name, file: p.file, summary: p.summary })),
   };
