@@ -309,16 +309,20 @@ export class Daemon {
     if (this.sessions.get(name)) throw new DaemonError(`trace '${name}' is being recorded by a live session: pick another name with --trace`, 409);
     if (name === this.anonymousTraceName) throw new DaemonError(`trace '${name}' is the daemon's trace for anonymous traffic: pick another name with --trace`, 409);
     const writer = await this.openWriter(name, { source: request.source ?? 'env', command: request.command, cwd: request.cwd }, request.force ? 'replace' : 'refuse');
+    this.log.info({ trace: name, source: request.source }, 'session started');
+    return this.addSession(name, { kind: 'record', writer }, request);
+  }
+
+  private addSession(id: string, target: SessionTarget, request: SessionRequest): SessionInfo {
     const session: Session = {
-      id: name,
+      id,
       token: SessionRegistry.newToken(),
-      target: { kind: 'record', writer },
+      target,
       createdAt: Date.now(),
       ownerPid: request.ownerPid,
       keepsDaemonAlive: request.keepsDaemonAlive ?? false,
     };
     this.sessions.add(session);
-    this.log.info({ trace: name, source: request.source }, 'session started');
     return this.sessionInfo(session);
   }
 
@@ -339,17 +343,8 @@ export class Daemon {
       if (err instanceof ReplayError) throw new DaemonError(err.message, err.status);
       throw err;
     }
-    const session: Session = {
-      id: player.runId,
-      token: SessionRegistry.newToken(),
-      target: { kind: 'replay', player },
-      createdAt: Date.now(),
-      ownerPid: request.ownerPid,
-      keepsDaemonAlive: request.keepsDaemonAlive ?? false,
-    };
-    this.sessions.add(session);
     this.log.info({ trace, run: player.runId }, 'replay session started');
-    return this.sessionInfo(session);
+    return this.addSession(player.runId, { kind: 'replay', player }, request);
   }
 
   sessionInfo(session: Session): SessionInfo {

@@ -8,6 +8,7 @@ import type { BlobStore } from '../launch/workspace.js';
 import type { TraceMeta, WorkspaceMeta } from '../trace/schema.js';
 import { DaemonClient } from '../daemon-client.js';
 import { homePaths } from '../home.js';
+import { childEnvironment } from '../launch/child-env.js';
 import { createLogger } from '../log.js';
 import { StoreLockedError } from '../trace/store.js';
 
@@ -115,6 +116,14 @@ export function runChild(command: string[], env: NodeJS.ProcessEnv, cwd?: string
   });
 }
 
+
+/** The child's environment: the parent's, pointed at the session (proxy, CA trust, base URLs unless --no-base-url). */
+export function sessionEnvironment(session: SessionInfo, home: string, baseUrls: boolean): NodeJS.ProcessEnv {
+  return {
+    ...process.env,
+    ...childEnvironment({ proxyUrl: session.proxyUrl, baseUrlPrefix: baseUrls ? session.baseUrlPrefix : null, paths: homePaths(home) }),
+  };
+}
 
 /** The child's exit code as a shell reports it: 128+N when signal N killed it. */
 export function exitCodeOf(exit: { code: number | null; signal: NodeJS.Signals | null }): number {

@@ -1,13 +1,11 @@
 import { UsageError, flag, has, parseArgs } from './args.js';
 import { DAEMON_FLAGS, DAEMON_FLAGS_HELP, daemonOptionsFrom } from './daemon-options.js';
-import { connectDaemon, exitCodeOf, runChild, type Backend, type DaemonAccess } from './launch.js';
+import { connectDaemon, exitCodeOf, runChild, sessionEnvironment, type Backend, type DaemonAccess } from './launch.js';
 import { Redactor, buildRuleSet } from '../capture/redact.js';
 import { RECORD_WORKSPACE_FLAGS, RECORD_WORKSPACE_HELP, captureWorkspace, recordWorkspaceOptions, workspaceChanges, type RecordWorkspace } from '../launch/run-workspace.js';
 import { WorkspaceTooLargeError } from '../launch/workspace.js';
 import { DaemonError } from '../daemon.js';
 import { DaemonClientError } from '../daemon-client.js';
-import { homePaths } from '../home.js';
-import { childEnvironment } from '../launch/child-env.js';
 import type { TraceSummary } from '../trace/store.js';
 
 export const RECORD_HELP = `usage: mitm-replay record [--trace NAME] [--force] [--no-base-url] [daemon options] -- CMD [ARGS...]
@@ -105,14 +103,7 @@ export async function runRecord(argv: string[]): Promise<number> {
     }
     throw err;
   }
-  const env = {
-    ...process.env,
-    ...childEnvironment({
-      proxyUrl: backend.session.proxyUrl,
-      baseUrlPrefix: has(args, 'no-base-url') ? null : backend.session.baseUrlPrefix,
-      paths: homePaths(options.home),
-    }),
-  };
+  const env = sessionEnvironment(backend.session, options.home, !has(args, 'no-base-url'));
   let exit: { code: number | null; signal: NodeJS.Signals | null };
   try {
     exit = await runChild(args.rest!, env);

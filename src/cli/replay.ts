@@ -1,13 +1,11 @@
 import { writeFileSync } from 'node:fs';
 import { UsageError, flag, has, parseArgs, type FlagSpec, type ParsedArgs } from './args.js';
 import { DAEMON_FLAGS, DAEMON_FLAGS_HELP, daemonOptionsFrom } from './daemon-options.js';
-import { connectDaemon, exitCodeOf, runChild, type Backend, type DaemonAccess } from './launch.js';
+import { connectDaemon, exitCodeOf, runChild, sessionEnvironment, type Backend, type DaemonAccess } from './launch.js';
 import { REPLAY_WORKSPACE_FLAGS, REPLAY_WORKSPACE_HELP, prepareReplayWorkspace, removeSandbox, replayOutcome } from '../launch/run-workspace.js';
 import type { TraceMeta } from '../trace/schema.js';
 import { DaemonError } from '../daemon.js';
 import { DaemonClientError } from '../daemon-client.js';
-import { homePaths } from '../home.js';
-import { childEnvironment } from '../launch/child-env.js';
 import { InterceptListError, parseInterceptList } from '../proxy/intercept.js';
 import { replayExitCode, type ReplayReport } from '../replay/verdict.js';
 import { repeatCount, tally, tallyLine } from '../replay/tally.js';
@@ -114,14 +112,7 @@ export async function replayOnce(ctx: ReplayContext, command: string[]): Promise
     if (err instanceof DaemonError || err instanceof DaemonClientError) throw new UsageError(`replay: ${err.message}`);
     throw err;
   }
-  const env = {
-    ...process.env,
-    ...childEnvironment({
-      proxyUrl: backend.session.proxyUrl,
-      baseUrlPrefix: has(args, 'no-base-url') ? null : backend.session.baseUrlPrefix,
-      paths: homePaths(home),
-    }),
-  };
+  const env = sessionEnvironment(backend.session, home, !has(args, 'no-base-url'));
   let exit: { code: number | null; signal: NodeJS.Signals | null };
   try {
     exit = await runChild(command, env, workspace.cwd);
