@@ -14,7 +14,8 @@ import { SessionRegistry, type Session, type SessionTarget } from './proxy/sessi
 import { ReplayError, ReplayPlayer, type ReplayOptions } from './replay/player.js';
 import type { ReplayReport } from './replay/verdict.js';
 import { UpstreamPool } from './proxy/upstream.js';
-import { FORMAT_VERSION, defaultTraceName, isValidTraceName, type TraceMeta, type WorkspaceMeta } from './trace/schema.js';
+import { FORMAT_VERSION, defaultTraceName, encodeExchange, isValidTraceName, type TraceMeta, type WorkspaceMeta } from './trace/schema.js';
+import { listTraces, traceRecords } from './trace/reader.js';
 import type { FileChange } from './launch/workspace.js';
 import type { ReplayOutcome } from './replay/verdict.js';
 import { TraceStore, type TraceSummary } from './trace/store.js';
@@ -459,6 +460,14 @@ export class Daemon {
       if (method === 'GET' && blob) {
         const content = await this.store.getBlob(blob[1]!);
         return content ? { status: 200, headers: { 'content-type': 'application/octet-stream' }, body: content } : json(404, { error: 'no such blob' });
+      }
+      if (method === 'GET' && path === '/traces') return json(200, await listTraces(this.store));
+      const records = /^\/traces\/([^/?]+)\/exchanges$/.exec(path);
+      if (method === 'GET' && records) return json(200, await traceRecords(this.store, await this.resolveTraceName(decodeURIComponent(records[1]!))));
+      const one = /^\/traces\/([^/?]+)\/exchanges\/(\d+)$/.exec(path);
+      if (method === 'GET' && one) {
+        const exchange = await this.store.getExchange(await this.resolveTraceName(decodeURIComponent(one[1]!)), Number(one[2]));
+        return exchange ? { status: 200, headers: { 'content-type': 'application/octet-stream' }, body: encodeExchange(exchange) } : json(404, { error: 'no such exchange' });
       }
       const traceMeta = /^\/traces\/([^/?]+)$/.exec(path);
       if (method === 'GET' && traceMeta) {

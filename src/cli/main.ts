@@ -3,6 +3,8 @@ import { runDaemon } from './daemon.js';
 import { runEnv } from './env.js';
 import { runCompare } from './compare.js';
 import { runEnd } from './end.js';
+import { runLs } from './ls.js';
+import { runShow } from './show.js';
 import { runRecord } from './record.js';
 import { runReplay } from './replay.js';
 import { runReport } from './report.js';
@@ -21,6 +23,8 @@ commands:
   record     run a command with its traffic recorded into a trace:  mitm-replay record -- CMD ARGS
   replay     run a command against a trace, with no network:  mitm-replay replay NAME -- CMD ARGS
   report     show a replay's verdict and divergences again
+  ls         list the traces
+  show       list a trace's exchanges, or print one decoded
   compare    replay a control and a patched command against one recording: did the patch fix it?
   env        print 'export ...' lines that point a shell at the running daemon (to record or replay)
   end        end a session opened with 'env' (prints a replay's verdict)
@@ -33,6 +37,8 @@ const COMMANDS: Record<string, (argv: string[]) => Promise<number>> = {
   record: runRecord,
   replay: runReplay,
   report: runReport,
+  ls: runLs,
+  show: runShow,
   compare: runCompare,
   env: runEnv,
   end: runEnd,

@@ -6,7 +6,7 @@
  * labels (absolute path, timestamp, uuid, ...). Labels only EXPLAIN a divergence; nothing here decides that
  * two requests are "close enough" to match.
  */
-import { decodeContentCoding } from '../capture/content-coding.js';
+import { decodeEntityBody } from '../capture/content-coding.js';
 
 export type CauseLabel =
   | 'absolute-path'
@@ -329,45 +329,10 @@ function diffHeaders(rec: ParsedHead, rep: ParsedHead, context: DivergenceContex
 
 /** The entity as the application sent it. Anything that does not decode is compared as it is. */
 function decodeEntity(head: ParsedHead, body: Buffer): Buffer {
-  let entity = body;
-  if (/(?:^|,)\s*chunked\s*$/i.test(headerValue(head, 'transfer-encoding') ?? '')) entity = dechunk(body) ?? body;
-  const codings = (headerValue(head, 'content-encoding') ?? '')
-    .split(',')
-    .map((c) => c.trim().toLowerCase())
-    .filter((c) => c !== '' && c !== 'identity');
-  let decoded = entity;
-  // Codings are listed in the order applied, so they are undone last to first.
-  for (let i = codings.length - 1; i >= 0; i--) {
-    const next = decodeContentCoding(decoded, codings[i]!, MAX_DECODED_BYTES) ?? null;
-    if (!next) return entity;
-    decoded = next;
-  }
-  return decoded;
+  return decodeEntityBody(body, headerValue(head, 'transfer-encoding') ?? undefined, headerValue(head, 'content-encoding') ?? undefined, MAX_DECODED_BYTES);
 }
 
 /** De-chunks a complete (or cleanly cut) chunked body; null when the framing is malformed. Trailers are ignored. */
-function dechunk(body: Buffer): Buffer | null {
-  const parts: Buffer[] = [];
-  let pos = 0;
-  while (pos < body.length) {
-    const lineEnd = body.indexOf('\r\n', pos, 'latin1');
-    if (lineEnd < 0) return null;
-    const sizeText = body.toString('latin1', pos, lineEnd).split(';')[0]!.trim();
-    if (!/^[0-9a-fA-F]{1,12}$/.test(sizeText)) return null;
-    const size = parseInt(sizeText, 16);
-    if (size === 0) return Buffer.concat(parts);
-    const start = lineEnd + 2;
-    if (start + size > body.length) return null;
-    parts.push(body.subarray(start, start + size));
-    pos = start + size;
-    if (pos < body.length) {
-      if (body[pos] !== 0x0d || body[pos + 1] !== 0x0a) return null;
-      pos += 2;
-    }
-  }
-  // No terminating chunk: the recording was cut at a chunk boundary; what arrived is still the entity so far.
-  return Buffer.concat(parts);
-}
 
 
 // ---------------------------------------------------------------------------------------------------------

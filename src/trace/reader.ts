@@ -1,0 +1,75 @@
+import { DaemonClient } from '../daemon-client.js';
+import { homePaths } from '../home.js';
+import type { ReplayReport } from '../replay/verdict.js';
+import { decodeExchange, type ExchangeRecord, type StoredExchange, type TraceMeta } from './schema.js';
+import { TraceStore, type TraceSummary } from './store.js';
+
+/** One row of `mitm-replay ls`. */
+export interface TraceListing {
+  meta: TraceMeta;
+  summary: TraceSummary;
+  lastVerdict: string | null;
+}
+
+/**
+ * Read access to a home's traces, whoever holds the store: the running daemon (over its control API, since
+ * LevelDB admits one process), or the store opened directly when no daemon runs.
+ */
+export interface TraceReader {
+  list(): Promise<TraceListing[]>;
+  /** `last` allowed */
+  meta(name: string): Promise<TraceMeta | undefined>;
+  records(name: string): Promise<ExchangeRecord[]>;
+  exchange(name: string, seq: number): Promise<StoredExchange | undefined>;
+  close(): Promise<void>;
+}
+
+export async function listTraces(store: TraceStore): Promise<TraceListing[]> {
+  const listings: TraceListing[] = [];
+  for (const meta of await store.listTraces()) {
+    const reports = await store.listReports<ReplayReport>(meta.name);
+    listings.push({ meta, summary: await store.summarize(meta.name), lastVerdict: reports.at(-1)?.verdict.ending ?? null });
+  }
+  return listings.sort((a, b) => a.meta.createdAt - b.meta.createdAt);
+}
+
+export async function traceRecords(store: TraceStore, name: string): Promise<ExchangeRecord[]> {
+  const records: ExchangeRecord[] = [];
+  for await (const { record } of store.exchanges(name)) records.push(record);
+  return records;
+}
+
+function storeReader(store: TraceStore): TraceReader {
+  const resolve = async (name: string) => (name === 'last' ? ((await store.latestTraceName()) ?? '') : name);
+  return {
+    list: () => listTraces(store),
+    meta: async (name) => store.getTrace(await resolve(name)),
+    records: async (name) => traceRecords(store, await resolve(name)),
+    exchange: async (name, seq) => store.getExchange(await resolve(name), seq),
+    close: () => store.close(),
+  };
+}
+
+function clientReader(client: DaemonClient): TraceReader {
+  const enc = encodeURIComponent;
+  return {
+    list: () => client.request<TraceListing[]>('GET', '/traces'),
+    meta: (name) => client.getTrace(name),
+    records: (name) => client.request<ExchangeRecord[]>('GET', `/traces/${enc(name)}/exchanges`),
+    exchange: async (name, seq) => {
+      try {
+        return decodeExchange(await client.requestRaw('GET', `/traces/${enc(name)}/exchanges/${seq}`));
+      } catch (err) {
+        if ((err as { status?: number }).status === 404) return undefined;
+        throw err;
+      }
+    },
+    close: async () => undefined,
+  };
+}
+
+export async function openTraceReader(home: string): Promise<TraceReader> {
+  const paths = homePaths(home);
+  const client = await DaemonClient.find(paths.stateFile);
+  return client ? clientReader(client) : storeReader(await TraceStore.open(paths.store));
+}

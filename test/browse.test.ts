@@ -1,0 +1,80 @@
+import { beforeAll, describe, expect, it } from 'vitest';
+import { join } from 'node:path';
+import { useUpstreamFixture } from './helpers/cli-fixture.js';
+import { ROOT, runCli, startCliDaemon } from './helpers/cli.js';
+
+const fx = useUpstreamFixture('browse');
+const nodeAgent = join(ROOT, 'test', 'fixtures', 'openai-agent.mjs');
+let home: string;
+
+beforeAll(async () => {
+  home = fx.freshHome();
+  const rec = await runCli(['record', '--home', home, '--trace', 'browse-me', '--no-workspace', ...fx.routing(), '--', process.execPath, nodeAgent], {
+    env: { OPENAI_API_KEY: 'sk-proj-browse000000000000000000000000', OPENAI_BASE_URL: '' },
+  });
+  expect(rec.code, rec.stderr).toBe(0);
+});
+
+describe('ls and show on a real recording', () => {
+  it('ls lists the trace with its columns, with or without a running daemon', async () => {
+    const alone = await runCli(['ls', '--home', home]);
+    expect(alone.code, alone.stderr).toBe(0);
+    const [header, row] = alone.stdout.trim().split('\n');
+    expect(header).toMatch(/^NAME\s+CREATED \(UTC\)\s+TIER\s+EXPIRES\s+EXCHANGES\s+BYTES\s+COMMAND\s+EXIT\s+LAST VERDICT$/);
+    expect(row).toMatch(/^browse-me\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\s+full\s+-\s+2\s+[\d.]+ KiB\s+.*openai-agent\.mjs\s+0\s+-$/);
+    // beside a running daemon (which holds the store): no lock error, the same listing
+    const daemon = await startCliDaemon(fx.routing(), home);
+    try {
+      const beside = await runCli(['ls', '--home', home, '--json']);
+      expect(beside.code, beside.stderr).toBe(0);
+      const listing = JSON.parse(beside.stdout) as { meta: { name: string }; summary: { exchanges: number } }[];
+      expect(listing.map((l) => [l.meta.name, l.summary.exchanges])).toEqual([['browse-me', 2]]);
+      const shown = await runCli(['show', 'browse-me', '--home', home]);
+      expect(shown.code, shown.stderr).toBe(0);
+      expect(shown.stdout).toContain('tools: get_weather');
+    } finally {
+      daemon.child.kill('SIGTERM');
+      await new Promise((r) => daemon.child.once('exit', r));
+    }
+  });
+
+  it('show lists exchanges with status, sizes, frames, model, tokens and tool calls', async () => {
+    const shown = await runCli(['show', 'last', '--home', home]);
+    expect(shown.code, shown.stderr).toBe(0);
+    const lines = shown.stdout.trim().split('\n');
+    expect(lines[0]).toMatch(/^trace browse-me: 2 records/);
+    expect(lines[1]).toMatch(/^#0 {2}POST https:\/\/api\.openai\.com\/v1\/chat\/completions {2}200 {2}req \d+ B {2}resp \d+ B {2}\d+ ms {2}model gpt-4o-mini {2}tokens 12 in \/ 6 out$/);
+    expect(lines[2]).toMatch(/^#1 {2}POST https:\/\/api\.openai\.com\/v1\/chat\/completions {2}200 .* 6 frames {2}model gpt-4o-mini {2}tools: get_weather$/);
+  });
+
+  it('show --exchange N prints it decoded: heads, pretty JSON, SSE frames one per line; --raw the stored bytes', async () => {
+    const one = await runCli(['show', 'browse-me', '--exchange', '1', '--home', home]);
+    expect(one.code, one.stderr).toBe(0);
+    expect(one.stdout).toMatch(/^POST \/v1\/chat\/completions HTTP\/1\.1\r?\n/);
+    expect(one.stdout).toContain('"stream": true');
+    expect(one.stdout).toContain('[REDACTED:header:authorization]');
+    expect(one.stdout).not.toContain('sk-proj-browse');
+    expect(one.stdout.split('\n').filter((l) => l.startsWith('data: ')).length).toBe(6);
+    expect(one.stdout).toContain('data: [DONE]');
+    expect(one.stdout).toContain('redacted: header:authorization at request.header:authorization');
+    const raw = await runCli(['show', 'browse-me', '--exchange', '0', '--raw', '--home', home]);
+    expect(raw.stdout.startsWith('POST /v1/chat/completions HTTP/1.1\r\n')).toBe(true);
+    expect(raw.stdout).toContain('HTTP/1.1 200 OK\r\n');
+    const json = JSON.parse((await runCli(['show', 'browse-me', '--json', '--home', home])).stdout);
+    expect(json.exchanges).toHaveLength(2);
+  });
+
+  it('bad input: unknown trace, bad --exchange, missing exchange: exit 2 with one line', async () => {
+    for (const args of [
+      ['show', 'nope', '--home', home],
+      ['show', 'browse-me', '--exchange', 'x', '--home', home],
+      ['show', 'browse-me', '--exchange', '9', '--home', home],
+      ['show', '--home', home],
+      ['ls', 'extra', '--home', home],
+    ]) {
+      const result = await runCli(args);
+      expect(result.code, args.join(' ')).toBe(2);
+      expect(result.stderr.trim().split('\n')).toHaveLength(1);
+    }
+  });
+});
