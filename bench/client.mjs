@@ -1,7 +1,8 @@
 /**
- * A minimal, cheap HTTP/1.1 client for the load generator: raw TLS sockets, direct or through a CONNECT
- * tunnel, one request at a time per connection, no body kept (only counted). Using it for every mode keeps
- * the client's own CPU cost small and identical, so the figures are about the servers and proxies.
+ * A minimal, cheap HTTP/1.1 client for the load generators (proxy-bench.mjs, replay-bench.mjs): raw TLS sockets,
+ * direct or through a CONNECT tunnel (with session credentials when given), one request at a time per connection,
+ * no body kept (only counted). Using it for every mode keeps the client's own CPU cost small and identical, so the
+ * figures are about the servers and proxies.
  */
 import net from 'node:net';
 import tls from 'node:tls';
@@ -23,8 +24,21 @@ function withTimeout(promise, ms, what, onTimeout) {
   ]).finally(() => clearTimeout(timer));
 }
 
-/** Reads one HTTP response head from a plain socket (the CONNECT answer); returns [statusCode, leftover]. */
-function readConnectAnswer(socket) {
+/** The Proxy-Authorization value that names a daemon session (its id and token). */
+export function basicAuth(id, token) {
+  return `Basic ${Buffer.from(`${encodeURIComponent(id)}:${encodeURIComponent(token)}`).toString('base64')}`;
+}
+
+/** Writes CONNECT on a fresh plain socket to the proxy on 127.0.0.1 and returns the socket at once. */
+function sendConnect({ proxyPort, target, proxyAuthorization }) {
+  const raw = net.connect({ host: '127.0.0.1', port: proxyPort });
+  raw.setNoDelay(true);
+  raw.write(`CONNECT ${target} HTTP/1.1\r\nHost: ${target}\r\n${proxyAuthorization ? `Proxy-Authorization: ${proxyAuthorization}\r\n` : ''}\r\n`);
+  return raw;
+}
+
+/** Resolves with `raw` once the proxy answered CONNECT with 200 (bytes after the head are put back); otherwise rejects. */
+function tunnelAnswer(raw, target) {
   return new Promise((resolve, reject) => {
     let buffered = Buffer.alloc(0);
     const onData = (chunk) => {
@@ -33,7 +47,13 @@ function readConnectAnswer(socket) {
       if (end < 0) return;
       cleanup();
       const status = Number(/^HTTP\/1\.[01] (\d{3})/.exec(buffered.toString('latin1', 0, end))?.[1] ?? 0);
-      resolve([status, buffered.subarray(end + 4)]);
+      if (status !== 200) {
+        raw.destroy();
+        reject(new Error(`CONNECT ${target} answered ${status}: ${buffered.toString('utf8', end + 4).trim().slice(0, 200)}`));
+        return;
+      }
+      if (buffered.length > end + 4) raw.unshift(buffered.subarray(end + 4));
+      resolve(raw);
     };
     const onError = (err) => {
       cleanup();
@@ -44,19 +64,26 @@ function readConnectAnswer(socket) {
       reject(new Error('proxy closed the connection before answering CONNECT'));
     };
     const cleanup = () => {
-      socket.off('data', onData);
-      socket.off('error', onError);
-      socket.off('close', onClose);
+      raw.off('data', onData);
+      raw.off('error', onError);
+      raw.off('close', onClose);
     };
-    socket.on('data', onData);
-    socket.on('error', onError);
-    socket.on('close', onClose);
+    raw.on('data', onData);
+    raw.on('error', onError);
+    raw.on('close', onClose);
   });
 }
 
-function tlsHandshake(options) {
+/** Sends CONNECT `target` on a fresh plain socket to the proxy and resolves with the socket once it answered 200. */
+export function connectTunnel({ proxyPort, target, proxyAuthorization, timeoutMs = 15_000 }) {
+  const raw = sendConnect({ proxyPort, target, proxyAuthorization });
+  return withTimeout(tunnelAnswer(raw, target), timeoutMs, `CONNECT ${target}`, () => raw.destroy());
+}
+
+function tlsHandshake(options, onSocket) {
   return new Promise((resolve, reject) => {
     const socket = tls.connect({ ALPNProtocols: ['http/1.1'], ...options });
+    onSocket(socket);
     socket.setNoDelay(true);
     const onError = (err) => {
       socket.destroy();
@@ -71,32 +98,31 @@ function tlsHandshake(options) {
 }
 
 /**
- * Opens a TLS connection to `host:port`, directly (proxyPort null) or through a CONNECT tunnel.
- * `secureContext` carries the CA the client trusts (the upstream CA directly, the proxy's CA through a proxy).
+ * Opens a TLS connection to the origin `host:port`: directly to 127.0.0.1:directPort (default: port) when proxyPort
+ * is null, or through a CONNECT tunnel to the proxy on 127.0.0.1:proxyPort (with `proxyAuthorization` when given).
+ * `servername` is the SNI (none for IPs); the certificate is checked against it, or against `host` without it
+ * (IP literal → iPAddress SAN). `secureContext` carries the CA the client trusts (the upstream CA directly, the
+ * proxy's CA through a proxy).
  */
-export async function openTls({ proxyPort, host, port, servername, secureContext, timeoutMs = 15_000 }) {
+export async function openTls({ proxyPort = null, host, port, directPort = port, servername, secureContext, proxyAuthorization, timeoutMs = 15_000 }) {
   let raw = null;
+  let socket = null;
   const work = (async () => {
     if (proxyPort == null) {
-      return tlsHandshake({ host: '127.0.0.1', port, servername, secureContext });
+      return tlsHandshake({ host: '127.0.0.1', port: directPort, servername, secureContext }, (s) => (socket = s));
     }
-    raw = net.connect({ host: '127.0.0.1', port: proxyPort });
-    raw.setNoDelay(true);
     const target = `${host}:${port}`;
-    raw.write(`CONNECT ${target} HTTP/1.1\r\nHost: ${target}\r\n\r\n`);
-    const [status, leftover] = await readConnectAnswer(raw);
-    if (status !== 200) {
-      raw.destroy();
-      throw new Error(`CONNECT ${target} answered ${status}`);
-    }
-    if (leftover.length > 0) raw.unshift(leftover);
-    // host names the certificate check (IP literal → iPAddress SAN); servername is the SNI (none for IPs).
-    return tlsHandshake({ socket: raw, host, servername, secureContext });
+    raw = sendConnect({ proxyPort, target, proxyAuthorization });
+    await tunnelAnswer(raw, target);
+    return tlsHandshake({ socket: raw, host, servername, secureContext }, (s) => (socket = s));
   })();
-  return withTimeout(work, timeoutMs, `connect to ${host}:${port}`, () => raw?.destroy());
+  return withTimeout(work, timeoutMs, `connect to ${host}:${port}`, () => {
+    socket?.destroy();
+    raw?.destroy();
+  });
 }
 
-/** One keep-alive HTTP/1.1 connection; request() may be called again once the previous one resolved. */
+/** One keep-alive HTTP/1.1 connection; request() / send() may be called again once the previous one resolved. */
 export class Conn {
   constructor(socket) {
     this.socket = socket;
@@ -111,11 +137,18 @@ export class Conn {
     });
   }
 
-  /**
-   * Sends `GET path` and resolves when the whole response has arrived:
-   * { status, bytes (entity bytes), start, firstByte (first entity byte), end } — times from performance.now().
-   */
+  /** Sends `GET path` (see send() for what it resolves with). */
   request(path, { host, close = false, timeoutMs = 15_000 } = {}) {
+    const head = `GET ${path} HTTP/1.1\r\nHost: ${host}\r\nUser-Agent: mitm-replay-bench\r\nAccept: */*\r\n${close ? 'Connection: close\r\n' : ''}\r\n`;
+    return this.send(head, { timeoutMs, what: `GET ${path}` });
+  }
+
+  /**
+   * Writes a prebuilt request (string or Buffer) and resolves when the whole response has arrived:
+   * { status, bytes (entity bytes), start, firstByte (first entity byte), end, closes (the response said
+   * Connection: close) } — times from performance.now().
+   */
+  send(bytes, { timeoutMs = 15_000, what = 'request' } = {}) {
     if (this.pending) throw new Error('one request at a time');
     if (this.closed) return Promise.reject(new Error('connection is closed'));
     const promise = new Promise((resolve, reject) => {
@@ -126,6 +159,7 @@ export class Conn {
         firstByte: 0,
         head: null,
         status: 0,
+        closes: false,
         mode: 'head',
         remaining: 0,
         bytes: 0,
@@ -133,9 +167,9 @@ export class Conn {
         chunkState: 'size',
       };
     });
-    this.socket.write(`GET ${path} HTTP/1.1\r\nHost: ${host}\r\nUser-Agent: mitm-replay-bench\r\nAccept: */*\r\n${close ? 'Connection: close\r\n' : ''}\r\n`);
+    this.socket.write(bytes);
     const pending = this.pending;
-    return withTimeout(promise, timeoutMs, `GET ${path}`, () => {
+    return withTimeout(promise, timeoutMs, what, () => {
       // say how far the response got, for the report
       this.stalled = pending.mode === 'head' ? `no response head (${pending.head?.length ?? 0} bytes of head)` : `head received (status ${pending.status}), ${pending.bytes} body bytes`;
       this.pending = null;
@@ -160,7 +194,7 @@ export class Conn {
   #finish() {
     const p = this.pending;
     this.pending = null;
-    p.resolve({ status: p.status, bytes: p.bytes, start: p.start, firstByte: p.firstByte || now(), end: now() });
+    p.resolve({ status: p.status, bytes: p.bytes, start: p.start, firstByte: p.firstByte || now(), end: now(), closes: p.closes });
   }
 
   #entity(p, length) {
@@ -184,6 +218,7 @@ export class Conn {
       data = data.subarray(end + 4);
       p.head = null;
       p.status = Number(head.slice(9, 12));
+      p.closes = /\r\nconnection:\s*close/i.test(head);
       const length = /\r\ncontent-length:\s*(\d+)/i.exec(head);
       if (/\r\ntransfer-encoding:[^\r]*chunked/i.test(head)) p.mode = 'chunked';
       else if (length) {

@@ -1,9 +1,14 @@
 /**
- * The recording daemon under test, in a process of its own (forked by proxy-bench.mjs over IPC), started from
- * dist/ exactly as code would use it. IPC messages, each answered with { type: `${type}:done`, ... }:
- *   { type: 'start', home, upstreamPort, upstreamCaPem }  → { port, caPem }
+ * The daemon under test, in a process of its own (forked by proxy-bench.mjs, replay-bench.mjs and
+ * repro-paused-upstream.mjs over IPC), started from dist/ exactly as code would use it. Sessions go through its HTTP
+ * control API (as the CLI does); IPC is only for life-cycle and measurements. Messages, each answered with
+ * { type: `${type}:done`, ... }:
+ *   { type: 'start', home, upstreamPort, upstreamCaPem, intercept?, logLevel? } → { port, token, caPem }
+ *     intercept defaults to ['*']; logLevel to $BENCH_DAEMON_LOG_LEVEL, else 'warn'
  *   { type: 'eld-start' } / { type: 'eld-stop' }          → event-loop delay of THIS process (monitorEventLoopDelay, 1 ms)
- *   { type: 'profile-start' } / { type: 'profile-stop', file } → CPU profile (node:inspector) written to file
+ *   { type: 'profile-start', intervalUs? } / { type: 'profile-stop', file } → V8 CPU profile of THIS process
+ *     (node:inspector, sampling every intervalUs µs, default 500; the .cpuprofile format `node --cpu-prof` writes)
+ *   { type: 'memory' } → heap after a forced GC (when forked with --expose-gc), RSS, live sessions
  *   { type: 'stop' }                                        → stops the daemon and exits
  * Exits on its own when the parent goes away.
  */
@@ -16,7 +21,7 @@ import { createLogger } from '../dist/log.js';
 import { parseConnectTo } from '../dist/proxy/connect-to.js';
 
 if (!process.send) {
-  console.error('daemon-child.mjs is started by proxy-bench.mjs');
+  console.error('daemon-child.mjs is started by the benches (proxy-bench.mjs, replay-bench.mjs)');
   process.exit(2);
 }
 
@@ -28,16 +33,16 @@ const post = (session, method, params = {}) =>
   new Promise((resolve, reject) => session.post(method, params, (err, result) => (err ? reject(err) : resolve(result))));
 
 const handlers = {
-  async start({ home, upstreamPort, upstreamCaPem }) {
+  async start({ home, upstreamPort, upstreamCaPem, intercept = ['*'], logLevel }) {
     daemon = await Daemon.start({
       home,
       port: 0,
-      intercept: ['*'],
+      intercept,
       connectTo: [parseConnectTo(`::127.0.0.1:${upstreamPort}`)],
       upstreamCAs: [upstreamCaPem],
-      logger: createLogger({ level: process.env.BENCH_DAEMON_LOG_LEVEL ?? 'warn' }),
+      logger: createLogger({ level: logLevel ?? process.env.BENCH_DAEMON_LOG_LEVEL ?? 'warn' }),
     });
-    return { port: daemon.port, caPem: readFileSync(join(home, 'certs', 'ca.pem'), 'utf8') };
+    return { port: daemon.port, token: daemon.token, caPem: readFileSync(join(home, 'certs', 'ca.pem'), 'utf8') };
   },
   async 'eld-start'() {
     histogram = monitorEventLoopDelay({ resolution: 1 });
@@ -51,11 +56,11 @@ const handlers = {
     histogram = null;
     return result;
   },
-  async 'profile-start'() {
+  async 'profile-start'({ intervalUs = 500 }) {
     inspector = new Session();
     inspector.connect();
     await post(inspector, 'Profiler.enable');
-    await post(inspector, 'Profiler.setSamplingInterval', { interval: 500 });
+    await post(inspector, 'Profiler.setSamplingInterval', { interval: intervalUs });
     await post(inspector, 'Profiler.start');
     return {};
   },
@@ -65,6 +70,12 @@ const handlers = {
     inspector = null;
     writeFileSync(file, JSON.stringify(profile));
     return {};
+  },
+  async memory() {
+    globalThis.gc?.(); // forked with --expose-gc: only this message collects, so the measured phases are untouched
+    const m = process.memoryUsage();
+    const mb = (x) => Math.round(x / 1048576);
+    return { gc: typeof globalThis.gc === 'function', heapUsedMb: mb(m.heapUsed), rssMb: mb(m.rss), externalMb: mb(m.external + m.arrayBuffers), sessions: daemon?.sessions.all().length ?? 0 };
   },
   async stop() {
     if (daemon) await daemon.stop();

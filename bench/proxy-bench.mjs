@@ -12,18 +12,20 @@
  * the load generator here, so no proxy shares an event loop with the client. Loopback only.
  * Files: ca.mjs (throwaway upstream CA), client.mjs (raw HTTP/1.1 client, direct or via CONNECT),
  * upstream-child.mjs, daemon-child.mjs (Daemon from dist/ + event-loop delay / CPU profile over IPC),
+ * harness.mjs (child processes, IPC, CPU from /proc, statistics; shared with replay-bench.mjs),
  * profile-summary.mjs (top frames of a .cpuprofile), repro-paused-upstream.mjs (a hang the bench found).
  */
-import { execFileSync, fork, spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import https from 'node:https';
 import net from 'node:net';
-import { cpus, loadavg, tmpdir } from 'node:os';
+import { cpus, loadavg } from 'node:os';
 import { dirname, join } from 'node:path';
 import { createSecureContext } from 'node:tls';
 import { fileURLToPath } from 'node:url';
 import { createBenchCa } from './ca.mjs';
 import { Conn, now, openTls } from './client.mjs';
+import { BenchProcesses, cpuPercent, cpuSnapshot, fmt, median, percentile, rpc, sleep } from './harness.mjs';
 import { formatSummary, summarizeProfile } from './profile-summary.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -46,101 +48,12 @@ const CONFIG = {
 };
 
 const MIB = 1024 * 1024;
-const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
-const median = (xs) => {
-  const s = [...xs].sort((a, b) => a - b);
-  if (s.length === 0) return NaN;
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
-};
-const percentile = (xs, p) => {
-  const s = [...xs].sort((a, b) => a - b);
-  if (s.length === 0) return NaN;
-  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))];
-};
 
 // ---------------------------------------------------------------------------------------------------------------
-// Child processes: tracked, and killed whatever happens
+// Child processes: tracked, and killed whatever happens (harness.mjs)
 // ---------------------------------------------------------------------------------------------------------------
 
-const children = new Set();
-const tempDirs = [];
-
-function cleanup() {
-  for (const child of children) {
-    if (child.exitCode === null && child.signalCode === null) {
-      try {
-        child.kill('SIGKILL');
-      } catch {
-        // already gone
-      }
-    }
-  }
-  children.clear();
-  for (const dir of tempDirs.splice(0)) rmSync(dir, { recursive: true, force: true });
-}
-process.on('exit', cleanup);
-for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
-  process.on(signal, () => {
-    console.error(`\n${signal}: stopping`);
-    cleanup();
-    process.exit(130);
-  });
-}
-
-function track(child, name) {
-  children.add(child);
-  child.once('exit', (code, signal) => {
-    children.delete(child);
-    if (!shuttingDown && (code !== 0 || signal)) console.error(`[bench] ${name} exited early (code ${code}, signal ${signal})`);
-  });
-  return child;
-}
-let shuttingDown = false;
-
-function tempDir(prefix) {
-  const dir = mkdtempSync(join(tmpdir(), prefix));
-  tempDirs.push(dir);
-  return dir;
-}
-
-/** Request/response over IPC with a forked child: resolves with the `${type}:done` answer. */
-function rpc(child, type, body = {}, timeoutMs = 30_000) {
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => {
-      child.off('message', onMessage);
-      reject(new Error(`${type}: no answer within ${timeoutMs} ms`));
-    }, timeoutMs);
-    const onMessage = (message) => {
-      if (message?.type !== `${type}:done`) return;
-      clearTimeout(timer);
-      child.off('message', onMessage);
-      if (message.error) reject(new Error(`${type}: ${message.error}`));
-      else resolve(message);
-    };
-    child.on('message', onMessage);
-    child.send({ type, ...body });
-  });
-}
-
-async function startUpstream(ca) {
-  const child = track(fork(join(here, 'upstream-child.mjs'), [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }), 'upstream');
-  const ready = new Promise((resolve, reject) => {
-    child.once('message', resolve);
-    child.once('exit', () => reject(new Error('upstream exited before it was ready')));
-  });
-  child.send({ type: 'start', certPem: ca.certPem, keyPem: ca.keyPem });
-  const { port } = await ready;
-  return { child, port };
-}
-
-async function startDaemon(upstreamPort, upstreamCaPem) {
-  if (!existsSync(join(here, '..', 'dist', 'daemon.js'))) throw new Error('dist/ is missing: run `npm run build` first');
-  const home = tempDir('mitm-replay-bench-home-');
-  const child = track(fork(join(here, 'daemon-child.mjs'), [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }), 'mitm-replay daemon');
-  const { port, caPem } = await rpc(child, 'start', { home, upstreamPort, upstreamCaPem });
-  return { child, port, caPem };
-}
+const procs = new BenchProcesses('[bench]');
 
 function freePort() {
   return new Promise((resolve, reject) => {
@@ -165,10 +78,10 @@ function canConnect(port) {
 }
 
 async function startMitmdump(binary) {
-  const confdir = tempDir('mitm-replay-bench-mitmdump-');
+  const confdir = procs.tempDir('mitm-replay-bench-mitmdump-');
   const port = await freePort();
   const stderr = [];
-  const child = track(
+  const child = procs.track(
     spawn(binary, ['--listen-host', '127.0.0.1', '--listen-port', String(port), '--set', 'ssl_insecure=true', '--set', `confdir=${confdir}`, '-q'], {
       stdio: ['ignore', 'ignore', 'pipe'],
     }),
@@ -183,50 +96,6 @@ async function startMitmdump(binary) {
     await sleep(100);
   }
   throw new Error('mitmdump did not start within 30 s');
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// CPU accounting per process (/proc), to show where the cycles go on a 2-core machine
-// ---------------------------------------------------------------------------------------------------------------
-
-let clockTicks = 100;
-try {
-  clockTicks = Number(execFileSync('getconf', ['CLK_TCK']).toString().trim()) || 100;
-} catch {
-  // keep 100
-}
-
-function cpuSeconds(pid) {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return (Number(fields[11]) + Number(fields[12])) / clockTicks; // utime + stime
-  } catch {
-    return NaN;
-  }
-}
-
-/** CPU seconds used by the whole machine (all processes), from /proc/stat. */
-function systemBusySeconds() {
-  try {
-    const fields = readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).slice(1).map(Number);
-    const [user, nice, system, , , irq, softirq, steal] = fields;
-    return (user + nice + system + irq + softirq + (steal ?? 0)) / clockTicks;
-  } catch {
-    return NaN;
-  }
-}
-
-function cpuSnapshot(pids) {
-  return { at: now(), system: systemBusySeconds(), cpu: Object.fromEntries(Object.entries(pids).map(([name, pid]) => [name, cpuSeconds(pid)])) };
-}
-
-/** % of one core per process, plus `other`: what the rest of the machine used meanwhile (noise from outside the bench). */
-function cpuPercent(start, end) {
-  const wall = (end.at - start.at) / 1000;
-  const ours = Object.fromEntries(Object.keys(start.cpu).map((name) => [name, (100 * (end.cpu[name] - start.cpu[name])) / wall]));
-  const system = (100 * (end.system - start.system)) / wall;
-  return { ...ours, other: Math.max(0, system - Object.values(ours).reduce((a, b) => a + b, 0)) };
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -426,17 +295,13 @@ let upstreamHost = '';
 let daemon = null;
 let daemonContext = null;
 
-function fmt(x, digits = 0) {
-  if (x === undefined || Number.isNaN(x)) return '—';
-  return x.toLocaleString('en-US', { minimumFractionDigits: digits, maximumFractionDigits: digits });
-}
-
 async function main() {
   const started = now();
   loadBefore = loadavg();
   const hardStop = setTimeout(() => {
     console.error(`[bench] hard deadline of ${CONFIG.deadlineMs / 1000} s reached: giving up`);
-    cleanup();
+    procs.shuttingDown = true;
+    procs.cleanup();
     process.exit(3);
   }, CONFIG.deadlineMs + (PROFILE ? 60_000 : 0));
 
@@ -444,12 +309,12 @@ async function main() {
   console.log(`node ${process.version}, ${cpus().length} CPUs (${cpus()[0]?.model ?? '?'}), rounds ${CONFIG.rounds}${QUICK ? ' (quick)' : ''}`);
 
   const ca = createBenchCa(['127.0.0.1', 'localhost', '*.bench.test']);
-  const upstream = await startUpstream(ca);
+  const upstream = await procs.startUpstream({ certPem: ca.certPem, keyPem: ca.keyPem });
   upstreamPid = upstream.child.pid;
   upstreamChild = upstream.child;
   upstreamHost = `127.0.0.1:${upstream.port}`;
   upstreamPort = upstream.port;
-  daemon = await startDaemon(upstream.port, ca.caCertPem);
+  daemon = await procs.startDaemon({ home: procs.tempDir('mitm-replay-bench-home-'), upstreamPort: upstream.port, upstreamCaPem: ca.caCertPem });
   daemonContext = createSecureContext({ ca: daemon.caPem });
   let mitm = null;
   if (MITMDUMP) {
@@ -712,21 +577,21 @@ async function main() {
   console.log(`\ntotal ${fmt((now() - started) / 1000, 1)} s; raw figures in bench/${QUICK ? 'latest-quick.json' : 'latest.json'}`);
 
   // ---- shutdown
-  shuttingDown = true;
+  procs.shuttingDown = true;
   await rpc(daemon.child, 'stop', {}, 15_000).catch(() => undefined);
   if (mitm) mitm.child.kill('SIGTERM');
   upstream.child.disconnect();
   await sleep(200);
   clearTimeout(hardStop);
-  cleanup();
+  procs.cleanup();
 }
 
 main().then(
   () => process.exit(0),
   (err) => {
     console.error(`[bench] failed: ${err.stack ?? err}`);
-    shuttingDown = true;
-    cleanup();
+    procs.shuttingDown = true;
+    procs.cleanup();
     process.exit(1);
   },
 );

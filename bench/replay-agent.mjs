@@ -19,7 +19,7 @@ import { readFileSync } from 'node:fs';
 import https from 'node:https';
 import tls from 'node:tls';
 import { pathToFileURL } from 'node:url';
-import { connectTunnel } from './replay-client.mjs';
+import { connectTunnel } from './client.mjs';
 
 const MODEL = 'gpt-4o-mini';
 const TOOLS = [

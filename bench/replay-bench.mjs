@@ -26,14 +26,18 @@
  * run waits for quiet (≤ 50 s in total), a disturbed window is measured once more, and what stays disturbed is
  * flagged in the output. On a shared machine (another benchmark or test suite running) the ratios mean little.
  */
-import { execFileSync, fork, spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { cpus, tmpdir } from 'node:os';
+import { spawn } from 'node:child_process';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { cpus } from 'node:os';
 import { dirname, join } from 'node:path';
 import { createSecureContext } from 'node:tls';
 import { fileURLToPath } from 'node:url';
+import { createBenchCa } from './ca.mjs';
+import { Conn, basicAuth, now, openTls } from './client.mjs';
+import { ControlClient } from './control-client.mjs';
+import { BenchProcesses, cpuPercent, cpuSnapshot, fmt, median, percentile, rpc, rssMb, sleep } from './harness.mjs';
+import { formatSummary, summarizeProfile } from './profile-summary.mjs';
 import { AGENT_STEPS, runAgent } from './replay-agent.mjs';
-import { Conn, ControlClient, basicAuth, createUpstreamCa, formatProfile, now, openTls, summarizeProfile } from './replay-client.mjs';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const args = process.argv.slice(2);
@@ -64,123 +68,10 @@ const KA_HOST = 'api.bench.test';
 const INTERCEPT = [KA_HOST, 'api.openai.com', 'tools.example.test'];
 const KA_REQUEST = Buffer.from(`GET /echo HTTP/1.1\r\nHost: ${KA_HOST}\r\nUser-Agent: mitm-replay-replay-bench\r\nAccept: */*\r\n\r\n`, 'latin1');
 
-const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
-const sorted = (xs) => [...xs].sort((a, b) => a - b);
-const percentile = (xs, p) => {
-  const s = sorted(xs);
-  if (s.length === 0) return NaN;
-  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))];
-};
-const median = (xs) => {
-  const s = sorted(xs);
-  if (s.length === 0) return NaN;
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
-};
-const fmt = (x, digits = 0) => (x === undefined || x === null || Number.isNaN(x) ? '—' : x.toLocaleString('en-US', { minimumFractionDigits: digits, maximumFractionDigits: digits }));
 const log = (s) => process.stdout.write(s);
 
-// ---------------------------------------------------------------------------------------------------------------
-// Children and temp dirs: tracked, and killed / removed whatever happens
-// ---------------------------------------------------------------------------------------------------------------
-
-const children = new Set();
-const tempDirs = [];
-let shuttingDown = false;
-
-function cleanup() {
-  for (const child of children) {
-    if (child.exitCode === null && child.signalCode === null) {
-      try {
-        child.kill('SIGKILL');
-      } catch {
-        // already gone
-      }
-    }
-  }
-  children.clear();
-  for (const dir of tempDirs.splice(0)) rmSync(dir, { recursive: true, force: true });
-}
-process.on('exit', cleanup);
-for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
-  process.on(signal, () => {
-    console.error(`\n${signal}: stopping`);
-    shuttingDown = true;
-    cleanup();
-    process.exit(130);
-  });
-}
-
-function track(child, name) {
-  children.add(child);
-  child.once('exit', (code, signal) => {
-    children.delete(child);
-    if (!shuttingDown && (code !== 0 || signal)) console.error(`[replay-bench] ${name} exited early (code ${code}, signal ${signal})`);
-  });
-  return child;
-}
-
-function tempDir(prefix, keep = false) {
-  const dir = mkdtempSync(join(tmpdir(), prefix));
-  if (!keep) tempDirs.push(dir);
-  return dir;
-}
-
-function rpc(child, type, body = {}, timeoutMs = 30_000) {
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => {
-      child.off('message', onMessage);
-      reject(new Error(`${type}: no answer within ${timeoutMs} ms`));
-    }, timeoutMs);
-    const onMessage = (message) => {
-      if (message?.type !== `${type}:done`) return;
-      clearTimeout(timer);
-      child.off('message', onMessage);
-      if (message.error) reject(new Error(`${type}: ${message.error}`));
-      else resolve(message);
-    };
-    child.on('message', onMessage);
-    child.send({ type, ...body });
-  });
-}
-
-// ---------------------------------------------------------------------------------------------------------------
-// CPU per process (/proc), for CPU µs per request
-// ---------------------------------------------------------------------------------------------------------------
-
-let clockTicks = 100;
-try {
-  clockTicks = Number(execFileSync('getconf', ['CLK_TCK']).toString().trim()) || 100;
-} catch {
-  // keep 100
-}
-function cpuSeconds(pid) {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return (Number(fields[11]) + Number(fields[12])) / clockTicks;
-  } catch {
-    return NaN;
-  }
-}
-/** CPU seconds used by the whole machine (all cores), to see what other processes took during a phase. */
-function machineBusySeconds() {
-  try {
-    const [, ...fields] = readFileSync('/proc/stat', 'utf8').split('\n', 1)[0].trim().split(/\s+/).map(Number);
-    const [user, nice, system, , , irq, softirq, steal] = fields;
-    return (user + nice + system + irq + softirq + (steal ?? 0)) / clockTicks;
-  } catch {
-    return NaN;
-  }
-}
-function rssMb(pid) {
-  try {
-    return Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))[1]) / 1024;
-  } catch {
-    return NaN;
-  }
-}
-const cpuSnapshot = (pids) => ({ at: now(), machine: machineBusySeconds(), cpu: Object.fromEntries(Object.entries(pids).map(([k, pid]) => [k, cpuSeconds(pid)])) });
+// Child processes and temp dirs: killed / removed whatever happens (harness.mjs)
+const procs = new BenchProcesses('[replay-bench]');
 
 /** Other processes above this share of one core during a window make its figures suspect. */
 const OTHER_LIMIT = 20;
@@ -237,7 +128,7 @@ async function loadPhase(open, { budget = Infinity, connections = CONFIG.connect
       issued++;
       try {
         if (!conn || conn.closed) conn = new Conn(await open());
-        const r = await conn.request(KA_REQUEST);
+        const r = await conn.send(KA_REQUEST);
         statuses[r.status] = (statuses[r.status] ?? 0) + 1;
         if (r.end > lastEnd) lastEnd = r.end;
         if (r.status === 200 && r.end >= warmEnd && r.end <= end) {
@@ -265,14 +156,8 @@ async function loadPhase(open, { budget = Infinity, connections = CONFIG.connect
   const windowMs = windowEnd - warmEnd;
   const cpuUs = {};
   if (cpuStart) for (const k of Object.keys(pids)) cpuUs[k] = count > 0 ? ((cpuEnd.cpu[k] - cpuStart.cpu[k]) * 1e6) / count : NaN;
-  const cpuPct = {};
-  if (cpuStart) {
-    const wall = (cpuEnd.at - cpuStart.at) / 1000;
-    for (const k of Object.keys(pids)) cpuPct[k] = (100 * (cpuEnd.cpu[k] - cpuStart.cpu[k])) / wall;
-    // everything else on the machine (another benchmark, a build): should be near 0 for clean figures
-    const ours = Object.keys(pids).reduce((n, k) => n + (cpuEnd.cpu[k] - cpuStart.cpu[k]), 0);
-    cpuPct.other = Math.max(0, (100 * (cpuEnd.machine - cpuStart.machine - ours)) / wall);
-  }
+  // other: everything else on the machine (another benchmark, a build): should be near 0 for clean figures
+  const cpuPct = cpuStart ? cpuPercent(cpuStart, cpuEnd) : {};
   return {
     rate: windowMs > 0 ? count / (windowMs / 1000) : NaN,
     count,
@@ -301,7 +186,7 @@ function serialPhase(open, budget = Infinity) {
     const deadline = now() + 15_000;
     try {
       for (let i = 0; i < total && now() < deadline; i++) {
-        const r = await conn.request(KA_REQUEST);
+        const r = await conn.send(KA_REQUEST);
         statuses[r.status] = (statuses[r.status] ?? 0) + 1;
         if (i >= CONFIG.serialWarm && r.status === 200) latencies.push(r.end - r.start);
       }
@@ -325,38 +210,32 @@ async function main() {
   const started = now();
   const hardStop = setTimeout(() => {
     console.error(`[replay-bench] hard deadline of ${CONFIG.deadlineMs / 1000} s reached: giving up`);
-    shuttingDown = true;
-    cleanup();
+    procs.shuttingDown = true;
+    procs.cleanup();
     process.exit(3);
   }, CONFIG.deadlineMs);
-  if (!existsSync(join(here, '..', 'dist', 'daemon.js'))) throw new Error('dist/ is missing: run `npm run build` first');
 
   console.log(`# mitm-replay replay bench — ${new Date().toISOString()}`);
   console.log(`node ${process.version}, ${cpus().length} CPUs (${cpus()[0]?.model ?? '?'}), rounds ${CONFIG.rounds}${QUICK ? ' (quick)' : ''}`);
 
   // ---- processes
-  const ca = createUpstreamCa([...INTERCEPT, '127.0.0.1']);
-  const upstreamChild = track(fork(join(here, 'replay-upstream-child.mjs'), [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }), 'upstream');
-  const ready = new Promise((resolve, reject) => {
-    upstreamChild.once('message', resolve);
-    upstreamChild.once('exit', () => reject(new Error('upstream exited before it was ready')));
-  });
-  upstreamChild.send({ type: 'start', certPem: ca.certPem, keyPem: ca.keyPem, streamGapMs: CONFIG.streamGapMs });
-  const upstreamPort = (await ready).port;
-  const home = tempDir('mitm-replay-replay-bench-home-');
-  const daemonChild = track(fork(join(here, 'replay-daemon-child.mjs'), [], { execArgv: ['--expose-gc'], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] }), 'daemon');
-  const daemon = await rpc(daemonChild, 'start', { home, intercept: INTERCEPT, upstreamPort, upstreamCaPem: ca.caCertPem });
+  const ca = createBenchCa([...INTERCEPT, '127.0.0.1']);
+  const { child: upstreamChild, port: upstreamPort } = await procs.startUpstream({ certPem: ca.certPem, keyPem: ca.keyPem, streamGapMs: CONFIG.streamGapMs });
+  const home = procs.tempDir('mitm-replay-replay-bench-home-');
+  // --expose-gc: for the 'memory' message only (heap after a forced GC)
+  const daemon = await procs.startDaemon({ home, intercept: INTERCEPT, upstreamPort, upstreamCaPem: ca.caCertPem, logLevel: 'silent', execArgv: ['--expose-gc'] });
+  const daemonChild = daemon.child;
   const control = new ControlClient(daemon.port, daemon.token);
   const pids = { bench: process.pid, upstream: upstreamChild.pid, daemon: daemonChild.pid };
   console.log(`upstream 127.0.0.1:${upstreamPort} (pid ${upstreamChild.pid}), daemon 127.0.0.1:${daemon.port} (pid ${daemonChild.pid}), home ${home}`);
 
   const upstreamCtx = createSecureContext({ ca: ca.caCertPem });
   const daemonCtx = createSecureContext({ ca: daemon.caPem });
-  const target = `${KA_HOST}:443`;
-  const directOpen = () => openTls({ directPort: upstreamPort, target, servername: KA_HOST, secureContext: upstreamCtx });
+  const origin = { host: KA_HOST, port: 443, servername: KA_HOST };
+  const directOpen = () => openTls({ ...origin, directPort: upstreamPort, secureContext: upstreamCtx });
   const proxyOpen = (session) => {
     const proxyAuthorization = basicAuth(session.id, session.token);
-    return () => openTls({ proxyPort: daemon.port, target, servername: KA_HOST, secureContext: daemonCtx, proxyAuthorization });
+    return () => openTls({ ...origin, proxyPort: daemon.port, secureContext: daemonCtx, proxyAuthorization });
   };
 
   // ---- bulk recordings for the replay phases (not measured)
@@ -440,7 +319,7 @@ async function main() {
   const memoryAfter = await rpc(daemonChild, 'memory');
   // ---- part 2: 6-exchange agent runs
   log(`\nagent runs (${AGENT_STEPS.length} exchanges each)\n`);
-  const daemonCaFile = join(tempDir('mitm-replay-replay-bench-ca-'), 'ca.pem');
+  const daemonCaFile = join(procs.tempDir('mitm-replay-replay-bench-ca-'), 'ca.pem');
   writeFileSync(daemonCaFile, daemon.caPem);
   const direct0 = await runAgent({ directPort: upstreamPort, ca: ca.caCertPem });
   const recSession = await control.createSession({ trace: 'agent-run' });
@@ -488,7 +367,7 @@ async function main() {
     const t0 = now();
     const session = await control.createSession({ mode: 'replay', trace: 'agent-run', pace: 'fast' });
     const out = await new Promise((resolve, reject) => {
-      const child = track(
+      const child = procs.track(
         spawn(process.execPath, [join(here, 'replay-agent.mjs')], {
           stdio: ['ignore', 'pipe', 'inherit'],
           env: { ...process.env, BENCH_PROXY_PORT: String(daemon.port), BENCH_PROXY_AUTH: basicAuth(session.id, session.token), BENCH_CA_FILE: daemonCaFile },
@@ -578,7 +457,7 @@ async function main() {
   const profiles = [];
   const missed = targets.slice(0, 2).some(([, met]) => !met);
   if (PROFILE === 'always' || (PROFILE === 'on-miss' && missed)) {
-    const dir = tempDir('mitm-replay-replay-bench-prof-', true);
+    const dir = procs.tempDir('mitm-replay-replay-bench-prof-', true);
     console.log(`\n## Daemon CPU profiles (V8 sampling profiler, 200 µs; files in ${dir})\n`);
     {
       const session = await control.createSession({ mode: 'replay', trace: 'ka-bulk', pace: 'fast' });
@@ -589,7 +468,7 @@ async function main() {
       await control.endSession(session.id);
       const summary = summarizeProfile(JSON.parse(readFileSync(file, 'utf8')), 20);
       profiles.push({ name: 'replay-keep-alive', file, summary });
-      console.log(formatProfile(`replay keep-alive, ${fmt(r.count)} requests at ${fmt(r.rate)} req/s (profiler on)`, summary));
+      console.log(formatSummary(`replay keep-alive, ${fmt(r.count)} requests at ${fmt(r.rate)} req/s (profiler on)`, summary));
     }
     {
       const file = join(dir, 'agent-replays.cpuprofile');
@@ -599,7 +478,7 @@ async function main() {
       await rpc(daemonChild, 'profile-stop', { file }, 60_000);
       const summary = summarizeProfile(JSON.parse(readFileSync(file, 'utf8')), 20);
       profiles.push({ name: 'agent-replays', file, summary });
-      console.log(`\n${formatProfile(`30 agent replays, p50 ${fmt(median(runs.map((r) => r.total)), 1)} ms (profiler on)`, summary)}`);
+      console.log(`\n${formatSummary(`30 agent replays, p50 ${fmt(median(runs.map((r) => r.total)), 1)} ms (profiler on)`, summary)}`);
     }
   }
 
@@ -612,21 +491,21 @@ async function main() {
   console.log(`\ntotal ${fmt((now() - started) / 1000, 1)} s`);
 
   clearTimeout(hardStop);
-  shuttingDown = true;
+  procs.shuttingDown = true;
   control.close();
   const exited = (child) => (child.exitCode !== null || child.signalCode !== null ? Promise.resolve() : new Promise((resolve) => child.once('exit', resolve)));
   await rpc(daemonChild, 'stop', {}, 20_000).catch(() => undefined);
   upstreamChild.disconnect();
   await Promise.race([Promise.all([exited(daemonChild), exited(upstreamChild)]), sleep(5_000)]);
-  cleanup();
+  procs.cleanup();
 }
 
 main().then(
   () => process.exit(0),
   (err) => {
     console.error(`[replay-bench] failed: ${err.stack ?? err}`);
-    shuttingDown = true;
-    cleanup();
+    procs.shuttingDown = true;
+    procs.cleanup();
     process.exit(1);
   },
 );

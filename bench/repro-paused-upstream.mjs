@@ -12,32 +12,13 @@
  *
  *   npm run build && node bench/repro-paused-upstream.mjs      (exit code 1 when the bug shows)
  */
-import { fork } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
 import { createSecureContext } from 'node:tls';
-import { fileURLToPath } from 'node:url';
 import { createBenchCa } from './ca.mjs';
 import { Conn, openTls } from './client.mjs';
+import { BenchProcesses } from './harness.mjs';
 
-const here = dirname(fileURLToPath(import.meta.url));
-const rpc = (child, type, body = {}) =>
-  new Promise((resolve, reject) => {
-    const onMessage = (m) => {
-      if (m?.type !== `${type}:done`) return;
-      child.off('message', onMessage);
-      if (m.error) reject(new Error(m.error));
-      else resolve(m);
-    };
-    child.on('message', onMessage);
-    child.send({ type, ...body });
-  });
-
+const procs = new BenchProcesses('[repro]');
 const ca = createBenchCa(['127.0.0.1']);
-const upstream = fork(join(here, 'upstream-child.mjs'), [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
-const daemon = fork(join(here, 'daemon-child.mjs'), [], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
-const home = mkdtempSync(join(tmpdir(), 'mitm-replay-repro-'));
 const timer = setTimeout(() => {
   console.error('repro: overall timeout');
   process.exit(2);
@@ -45,10 +26,8 @@ const timer = setTimeout(() => {
 let hangs = 0;
 const trials = 10;
 try {
-  const ready = new Promise((resolve) => upstream.once('message', resolve));
-  upstream.send({ type: 'start', certPem: ca.certPem, keyPem: ca.keyPem });
-  const { port } = await ready;
-  const { port: proxyPort, caPem } = await rpc(daemon, 'start', { home, upstreamPort: port, upstreamCaPem: ca.caCertPem });
+  const { port } = await procs.startUpstream({ certPem: ca.certPem, keyPem: ca.keyPem });
+  const { port: proxyPort, caPem } = await procs.startDaemon({ home: procs.tempDir('mitm-replay-repro-'), upstreamPort: port, upstreamCaPem: ca.caCertPem });
   const secureContext = createSecureContext({ ca: caPem });
   const host = `127.0.0.1:${port}`;
   const open = async () => new Conn(await openTls({ proxyPort, host: '127.0.0.1', port, secureContext }));
@@ -69,8 +48,7 @@ try {
   console.log(`${hangs} of ${trials} requests after a large download were never answered`);
 } finally {
   clearTimeout(timer);
-  daemon.kill('SIGKILL');
-  upstream.kill('SIGKILL');
-  rmSync(home, { recursive: true, force: true });
+  procs.shuttingDown = true;
+  procs.cleanup(); // kills the daemon and the upstream, removes the daemon's home
 }
 process.exit(hangs > 0 ? 1 : 0);

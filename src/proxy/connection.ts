@@ -128,7 +128,8 @@ export class HttpConnection {
         while (queue.length > 0) {
           const event = queue.shift()!;
           if (event.type === 'head') {
-            const dispatch = await this.context.dispatch(event.head, this.socket);
+            const decided = this.context.dispatch(event.head, this.socket);
+            const dispatch = decided instanceof Promise ? await decided : decided;
             if (dispatch.kind === 'handoff') {
               dispatch.take(this.socket, this.parser.takeBuffered());
               return;
@@ -139,11 +140,16 @@ export class HttpConnection {
                 : dispatch.kind === 'handler'
                   ? dispatch.handler
                   : new ForwardHandler(this.socket, this.context, event.head, dispatch);
-            await exchange.begin();
+            // Handlers answer synchronously where they can; awaiting only real promises keeps the per-request
+            // cost of the loop down (replay serves most requests without a single await).
+            const begun = exchange.begin();
+            if (begun) await begun;
           } else if (event.type === 'body') {
-            await exchange!.body(event.wire, event.payload);
+            const written = exchange!.body(event.wire, event.payload);
+            if (written) await written;
           } else {
-            const keepAlive = (await exchange!.end()) && !this.closed;
+            const ended = exchange!.end();
+            const keepAlive = (ended instanceof Promise ? await ended : ended) && !this.closed;
             exchange = null;
             if (!keepAlive) {
               this.socket.end();
@@ -181,10 +187,10 @@ export class HttpConnection {
 
 /** One request's life on a connection: its head was parsed; body slices follow; `end` answers it. */
 export interface RequestHandler {
-  begin(): Promise<void>;
-  body(wire: Buffer, payload: Buffer[]): Promise<void>;
+  begin(): Promise<void> | void;
+  body(wire: Buffer, payload: Buffer[]): Promise<void> | void;
   /** resolves when the response is complete; true when the client connection can serve another request */
-  end(): Promise<boolean>;
+  end(): Promise<boolean> | boolean;
   clientGone(): void;
 }
 

@@ -40,6 +40,32 @@ function withHeader(head: Buffer, name: string, value: string): Buffer {
   return Buffer.concat([head.subarray(0, head.length - 2), Buffer.from(`${name}: ${value}\r\n\r\n`, 'latin1')]);
 }
 
+interface WriteGroup {
+  /** recorded offset (ms from the request start) */
+  offset: number | undefined;
+  bytes: Buffer;
+}
+
+/**
+ * A recorded response as writes: pieces recorded in the same upstream read (same offset) leave together, as
+ * they arrived. Null when the recording has no response (it failed before one).
+ */
+function writeGroups(exchange: StoredExchange, divergenceId: string | null): WriteGroup[] | null {
+  const { record } = exchange;
+  if (!record.response || exchange.responseHead.length === 0) return null;
+  const head = divergenceId ? withHeader(exchange.responseHead, 'x-mitm-replay-divergence', divergenceId) : exchange.responseHead;
+  const groups: { offset: number | undefined; parts: Buffer[] }[] = [{ offset: record.timings.responseHeadMs, parts: [head] }];
+  let pos = 0;
+  for (const [offset, length] of record.response.chunks) {
+    const part = exchange.responseBody.subarray(pos, pos + length);
+    pos += length;
+    if (groups.at(-1)!.offset === offset) groups.at(-1)!.parts.push(part);
+    else groups.push({ offset, parts: [part] });
+  }
+  if (pos < exchange.responseBody.length) groups.at(-1)!.parts.push(exchange.responseBody.subarray(pos));
+  return groups.map((g) => ({ offset: g.offset, bytes: g.parts.length === 1 ? g.parts[0]! : Buffer.concat(g.parts) }));
+}
+
 function closesAfter(head: Buffer): boolean {
   const text = head.toString('latin1').toLowerCase();
   if (/\r\nconnection:[^\r]*close/.test(text)) return true;
@@ -64,9 +90,9 @@ export class ReplayHandler implements RequestHandler {
     private readonly request: ReplayRequest,
   ) {}
 
-  async begin(): Promise<void> {}
+  begin(): void {}
 
-  async body(wire: Buffer, payload: Buffer[]): Promise<void> {
+  body(wire: Buffer, payload: Buffer[]): void {
     this.wire.push(wire);
     this.payload.push(...payload);
   }
@@ -75,7 +101,7 @@ export class ReplayHandler implements RequestHandler {
     this.clientGoneFlag = true;
   }
 
-  async end(): Promise<boolean> {
+  end(): Promise<boolean> | boolean {
     const requestEnd = performance.now();
     const { head, target, origin, route } = this.request;
     const forwarded = forwardRequestHead(head, { requestLine: this.request.requestLine, replace: this.request.replace });
@@ -86,7 +112,14 @@ export class ReplayHandler implements RequestHandler {
       this.client.write(refusalBytes(origin, head, Buffer.concat(this.payload), decision.reason, code));
       return true;
     }
-    return this.serve(decision.exchange, decision.divergenceId, requestEnd);
+    const groups = writeGroups(decision.exchange, decision.divergenceId);
+    const { record } = decision.exchange;
+    // The common case: one complete recorded response, unpaced, that the socket takes without backpressure.
+    if (groups && groups.length === 1 && this.player.options.pace === 'fast' && record.state === 'complete' && !this.clientGoneFlag && !this.client.destroyed) {
+      if (this.client.write(groups[0]!.bytes)) return !closesAfter(decision.exchange.responseHead);
+      return Promise.race([once(this.client, 'drain'), once(this.client, 'close')]).then(() => !closesAfter(decision.exchange.responseHead));
+    }
+    return this.serve(decision.exchange, groups, requestEnd);
   }
 
   private async write(bytes: Buffer): Promise<void> {
@@ -95,7 +128,7 @@ export class ReplayHandler implements RequestHandler {
   }
 
   /** Serves a recording as recorded: head, then each body chunk with its boundary (and gap, with --pace recorded). */
-  private async serve(exchange: StoredExchange, divergenceId: string | null, requestEnd: number): Promise<boolean> {
+  private async serve(exchange: StoredExchange, groups: WriteGroup[] | null, requestEnd: number): Promise<boolean> {
     const { record } = exchange;
     const paced = this.player.options.pace === 'recorded';
     const recordedRequestEnd = record.timings.requestEndMs ?? 0;
@@ -105,26 +138,15 @@ export class ReplayHandler implements RequestHandler {
       const delay = due - performance.now();
       if (delay > 0) await sleep(delay);
     };
-    if (!record.response || exchange.responseHead.length === 0) {
+    if (!groups) {
       // The recording failed before any response (refused, TLS failure): fail the same way.
       const error = record.error ?? { code: 'no-response', message: 'the recording has no response' };
       await this.write(localResponseBytes({ status: error.code === 'ETIMEDOUT' ? 504 : 502, headers: { 'x-mitm-replay-error': error.code }, body: `mitm-replay: ${error.message}\n`, close: true }));
       return false;
     }
-    // Pieces recorded in the same upstream read (same offset) leave in one write, as they arrived.
-    const head = divergenceId ? withHeader(exchange.responseHead, 'x-mitm-replay-divergence', divergenceId) : exchange.responseHead;
-    const groups: { offset: number; parts: Buffer[] }[] = [{ offset: record.timings.responseHeadMs ?? recordedRequestEnd, parts: [head] }];
-    let pos = 0;
-    for (const [offset, length] of record.response.chunks) {
-      const part = exchange.responseBody.subarray(pos, pos + length);
-      pos += length;
-      if (groups.at(-1)!.offset === offset) groups.at(-1)!.parts.push(part);
-      else groups.push({ offset, parts: [part] });
-    }
-    if (pos < exchange.responseBody.length) groups.at(-1)!.parts.push(exchange.responseBody.subarray(pos));
     for (const group of groups) {
-      await waitUntil(group.offset);
-      await this.write(group.parts.length === 1 ? group.parts[0]! : Buffer.concat(group.parts));
+      await waitUntil(group.offset ?? recordedRequestEnd);
+      await this.write(group.bytes);
     }
     if (record.state !== 'complete' && record.error && record.error.phase === 'response') {
       // Recorded cut off mid-stream (an upstream reset): reset the replayed stream at the same byte, once the
