@@ -59,6 +59,24 @@ describe('record, then replay end to end with real clients', () => {
     expect(JSON.parse(asJson.stdout).runId).toBe(report.runId);
   });
 
+  it('multi-step Node agent (SDK via the base-URL route, tool via HTTPS_PROXY): PASS, zero upstream connections', async () => {
+    const { home, recordDir, replayDir } = dirs();
+    const agent = join(ROOT, 'test', 'fixtures', 'node-agent.mjs');
+    const env = { OPENAI_API_KEY: 'sk-proj-nodeagent000000000000000000000', OPENAI_BASE_URL: '' };
+    const rec = await runCli(['record', '--home', home, '--trace', 'node-multi', ...routing(), '--', process.execPath, agent], { cwd: recordDir, env });
+    expect(rec.code, rec.stderr).toBe(0);
+    expect(rec.stderr).toContain('trace node-multi: 3 exchanges');
+    const before = { connections: fx.upstream.connections, requests: fx.upstream.requests.length };
+    const json = join(fx.work, 'node-multi.json');
+    const rep = await runCli(['replay', 'node-multi', '--home', home, '--json', json, '--', process.execPath, agent], { cwd: replayDir, env });
+    expect(rep.code, rep.stderr).toBe(0);
+    expect(rep.stderr).toContain('verdict: recorded=3 requests=3 reused=3 exact=3 reordered=0 diverged=0 missing=0 unused=0 egress=blocked child-exit=0 recorded-exit=0 files=same -> PASS');
+    expect({ connections: fx.upstream.connections, requests: fx.upstream.requests.length }).toEqual(before);
+    const report = readReport(json);
+    expect(report.requests.map((r) => r.route)).toEqual(['base-url', 'connect', 'base-url']);
+    expect(JSON.parse(rep.stdout).city).toBe('Paris');
+  });
+
   it('Node agent (official openai SDK) via the base-URL route: PASS; a changed prompt: FAIL located', async () => {
     const { home, recordDir, replayDir } = dirs();
     const rec = await runCli(['record', '--home', home, '--trace', 'node', ...routing(), '--', process.execPath, nodeAgent], { cwd: recordDir, env: { OPENAI_API_KEY: 'sk-a', OPENAI_BASE_URL: '' } });
