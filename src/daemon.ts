@@ -16,6 +16,7 @@ import type { ReplayReport } from './replay/verdict.js';
 import { UpstreamPool } from './proxy/upstream.js';
 import { FORMAT_VERSION, defaultTraceName, encodeExchange, isValidTraceName, type TraceMeta, type WorkspaceMeta } from './trace/schema.js';
 import { listTraces, traceRecords } from './trace/reader.js';
+import { BundleError, importBundle, parseBundle } from './trace/bundle.js';
 import type { FileChange } from './launch/workspace.js';
 import type { ReplayOutcome } from './replay/verdict.js';
 import { TraceStore, type TraceSummary } from './trace/store.js';
@@ -464,6 +465,19 @@ export class Daemon {
       if (method === 'GET' && path === '/traces') return json(200, await listTraces(this.store));
       const records = /^\/traces\/([^/?]+)\/exchanges$/.exec(path);
       if (method === 'GET' && records) return json(200, await traceRecords(this.store, await this.resolveTraceName(decodeURIComponent(records[1]!))));
+      const reports = /^\/traces\/([^/?]+)\/reports$/.exec(path);
+      if (method === 'GET' && reports) return json(200, await this.store.listReports(await this.resolveTraceName(decodeURIComponent(reports[1]!))));
+      if (method === 'POST' && path.startsWith('/import')) {
+        const query = new URLSearchParams(path.split('?')[1] ?? '');
+        if (this.sessions.get(query.get('trace') ?? '')) throw new DaemonError(`trace '${query.get('trace')}' is being recorded by a live session`, 409);
+        try {
+          const bundle = parseBundle(body, 'the bundle');
+          return json(200, await importBundle(this.store, bundle, { name: query.get('trace') ?? undefined, force: query.get('force') === '1' }));
+        } catch (err) {
+          if (err instanceof BundleError) throw new DaemonError(err.message, 400);
+          throw err;
+        }
+      }
       const one = /^\/traces\/([^/?]+)\/exchanges\/(\d+)$/.exec(path);
       if (method === 'GET' && one) {
         const exchange = await this.store.getExchange(await this.resolveTraceName(decodeURIComponent(one[1]!)), Number(one[2]));

@@ -3,6 +3,8 @@ import { runDaemon } from './daemon.js';
 import { runEnv } from './env.js';
 import { runCompare } from './compare.js';
 import { runEnd } from './end.js';
+import { runExport } from './export.js';
+import { runImport } from './import.js';
 import { runLs } from './ls.js';
 import { runShow } from './show.js';
 import { runRecord } from './record.js';
@@ -25,6 +27,8 @@ commands:
   report     show a replay's verdict and divergences again
   ls         list the traces
   show       list a trace's exchanges, or print one decoded
+  export     write a trace to a portable bundle file (--bundle FILE)
+  import     import a bundle made by export
   compare    replay a control and a patched command against one recording: did the patch fix it?
   env        print 'export ...' lines that point a shell at the running daemon (to record or replay)
   end        end a session opened with 'env' (prints a replay's verdict)
@@ -39,6 +43,8 @@ const COMMANDS: Record<string, (argv: string[]) => Promise<number>> = {
   report: runReport,
   ls: runLs,
   show: runShow,
+  export: runExport,
+  import: runImport,
   compare: runCompare,
   env: runEnv,
   end: runEnd,

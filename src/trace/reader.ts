@@ -21,6 +21,8 @@ export interface TraceReader {
   meta(name: string): Promise<TraceMeta | undefined>;
   records(name: string): Promise<ExchangeRecord[]>;
   exchange(name: string, seq: number): Promise<StoredExchange | undefined>;
+  reports(name: string): Promise<{ runId: string; finishedAt: number }[]>;
+  blob(hash: string): Promise<Buffer | undefined>;
   close(): Promise<void>;
 }
 
@@ -46,6 +48,8 @@ function storeReader(store: TraceStore): TraceReader {
     meta: async (name) => store.getTrace(await resolve(name)),
     records: async (name) => traceRecords(store, await resolve(name)),
     exchange: async (name, seq) => store.getExchange(await resolve(name), seq),
+    reports: async (name) => store.listReports(await resolve(name)),
+    blob: (hash) => store.getBlob(hash),
     close: () => store.close(),
   };
 }
@@ -64,6 +68,8 @@ function clientReader(client: DaemonClient): TraceReader {
         throw err;
       }
     },
+    reports: (name) => client.request('GET', `/traces/${enc(name)}/reports`),
+    blob: (hash) => client.getBlob(hash),
     close: async () => undefined,
   };
 }
