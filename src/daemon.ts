@@ -21,7 +21,8 @@ import type { FileChange } from './launch/workspace.js';
 import type { ReplayOutcome } from './replay/verdict.js';
 import { TraceStore, type TraceSummary } from './trace/store.js';
 
-export const VERSION = '0.1.0';
+export { VERSION } from './version.js';
+import { VERSION } from './version.js';
 
 export interface DaemonOptions {
   home: string;

@@ -1,9 +1,13 @@
 import { beforeAll, describe, expect, it } from 'vitest';
+import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { join } from 'node:path';
 import { useUpstreamFixture } from './helpers/cli-fixture.js';
 import { ROOT, runCli, startCliDaemon } from './helpers/cli.js';
 
 const fx = useUpstreamFixture('browse');
+// har-validator checks against the HAR 1.2 JSON schema (har-schema)
+const validateHar = (har: unknown): Promise<unknown> => (createRequire(import.meta.url)('har-validator') as { har(h: unknown): Promise<unknown> }).har(har);
 const nodeAgent = join(ROOT, 'test', 'fixtures', 'openai-agent.mjs');
 let home: string;
 
@@ -62,6 +66,29 @@ describe('ls and show on a real recording', () => {
     expect(raw.stdout).toContain('HTTP/1.1 200 OK\r\n');
     const json = JSON.parse((await runCli(['show', 'browse-me', '--json', '--home', home])).stdout);
     expect(json.exchanges).toHaveLength(2);
+  });
+
+  it('export --har writes valid HAR 1.2 with decoded bodies and the frames and chunk timing as _mitmReplay', async () => {
+    const file = join(fx.work, 'browse.har');
+    const exported = await runCli(['export', 'browse-me', '--har', file, '--home', home]);
+    expect(exported.code, exported.stderr).toBe(0);
+    const har = JSON.parse(readFileSync(file, 'utf8'));
+    await validateHar(har).catch((err: { errors?: unknown }) => {
+      throw new Error(`HAR 1.2 schema: ${JSON.stringify(err.errors).slice(0, 800)}`);
+    });
+    expect(har.log.entries).toHaveLength(2);
+    const [json, stream] = har.log.entries;
+    expect(json.request.url).toBe('https://api.openai.com/v1/chat/completions');
+    expect(JSON.parse(json.request.postData.text).model).toBe('gpt-4o-mini');
+    expect(JSON.parse(json.response.content.text).model).toBe('gpt-4o-mini');
+    expect(json.request.headers.find((h: { name: string }) => h.name.toLowerCase() === 'authorization').value).toBe('Bearer [REDACTED:header:authorization]');
+    expect(stream.response.content.mimeType).toMatch(/^text\/event-stream/);
+    expect(stream.response.content.text).toContain('data: [DONE]');
+    expect(stream._mitmReplay.frames).toHaveLength(6);
+    const offsets = stream._mitmReplay.frames.map((f: { offsetMs: number }) => f.offsetMs);
+    expect([...offsets].sort((a, b) => a - b)).toEqual(offsets);
+    expect(stream._mitmReplay.chunks.length).toBeGreaterThan(3);
+    expect(JSON.stringify(har)).not.toContain('sk-proj-browse');
   });
 
   it('bad input: unknown trace, bad --exchange, missing exchange: exit 2 with one line', async () => {

@@ -3,19 +3,29 @@ import { UsageError, flag, has, parseArgs } from './args.js';
 import { resolveHome } from '../home.js';
 import { BundleError, exportBundle } from '../trace/bundle.js';
 import { openTraceReader } from '../trace/reader.js';
-import { isValidTraceName } from '../trace/schema.js';
+import { traceToHar } from '../trace/har.js';
+import { isValidTraceName, type StoredExchange } from '../trace/schema.js';
 
-export const EXPORT_HELP = `usage: mitm-replay export NAME|last --bundle FILE [--home DIR]
+export const EXPORT_HELP = `usage: mitm-replay export NAME|last (--bundle FILE | --har FILE) [--home DIR]
 
-Writes one portable file holding the trace exactly (every exchange's stored bytes and chunks, metadata,
-replay reports, workspace snapshot, redaction manifest), with a content hash checked on import, so a
-replay on another machine gives the same verdict: 'mitm-replay import FILE' there.
-(HAR export, --har FILE, is not implemented yet.)
+--bundle writes one portable file holding the trace exactly (every exchange's stored bytes and chunks,
+metadata, replay reports, workspace snapshot, redaction manifest), with a content hash checked on import,
+so a replay on another machine gives the same verdict: 'mitm-replay import FILE' there.
+--har writes HAR 1.2 for browser devtools and mitmproxy: bodies decoded, base64 for binary, streamed frames
+and chunk timing under the documented '_mitmReplay' extension (docs/har.md).
 
 options:
   --bundle FILE   where to write the bundle
+  --har FILE      where to write the HAR
   --home DIR      the home (default $MITM_REPLAY_HOME or ~/.mitm-replay)
   --help          this text`;
+
+/** Written whole, then renamed: a crash never leaves half a file under the final name. */
+function writeWhole(file: string, bytes: Buffer): void {
+  const temp = `${file}.${process.pid}.tmp`;
+  writeFileSync(temp, bytes);
+  renameSync(temp, file);
+}
 
 export async function runExport(argv: string[]): Promise<number> {
   const args = parseArgs('export', argv, { bundle: { value: true }, har: { value: true }, home: { value: true }, help: {} });
@@ -26,17 +36,28 @@ export async function runExport(argv: string[]): Promise<number> {
   const [name, extra] = args.positionals;
   if (!name || extra !== undefined) throw new UsageError("export: give one trace name (or last); see 'mitm-replay export --help'");
   if (name !== 'last' && !isValidTraceName(name)) throw new UsageError(`export: invalid trace name '${name}'`);
-  if (has(args, 'har')) throw new UsageError('export: --har is not implemented yet; use --bundle FILE');
-  const file = flag(args, 'bundle');
-  if (!file) throw new UsageError("export: say where to write it: --bundle FILE");
+  const bundleFile = flag(args, 'bundle');
+  const harFile = flag(args, 'har');
+  if (!bundleFile && !harFile) throw new UsageError('export: say where to write it: --bundle FILE or --har FILE');
   const reader = await openTraceReader(resolveHome(flag(args, 'home')));
   try {
-    const { bytes, meta, exchanges } = await exportBundle(reader, name);
-    // Written whole, then renamed: a crash never leaves a half bundle under the final name.
-    const temp = `${file}.${process.pid}.tmp`;
-    writeFileSync(temp, bytes);
-    renameSync(temp, file);
-    process.stderr.write(`mitm-replay: exported trace ${meta.name} (${exchanges} records, ${bytes.length} bytes) to ${file}\n`);
+    if (bundleFile) {
+      const { bytes, meta, exchanges } = await exportBundle(reader, name);
+      writeWhole(bundleFile, bytes);
+      process.stderr.write(`mitm-replay: exported trace ${meta.name} (${exchanges} records, ${bytes.length} bytes) to ${bundleFile}\n`);
+    }
+    if (harFile) {
+      const meta = await reader.meta(name);
+      if (!meta) throw new BundleError(`no trace named '${name}' (see 'mitm-replay ls')`);
+      const exchanges: StoredExchange[] = [];
+      for (const record of await reader.records(meta.name)) {
+        const exchange = await reader.exchange(meta.name, record.seq);
+        if (exchange) exchanges.push(exchange);
+      }
+      const har = traceToHar(meta, exchanges) as { log: { entries: unknown[] } };
+      writeWhole(harFile, Buffer.from(`${JSON.stringify(har, null, 2)}\n`));
+      process.stderr.write(`mitm-replay: exported trace ${meta.name} as HAR (${har.log.entries.length} entries) to ${harFile}\n`);
+    }
     return 0;
   } catch (err) {
     if (err instanceof BundleError) throw new UsageError(`export: ${err.message}`);
