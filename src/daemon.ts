@@ -17,6 +17,7 @@ import { UpstreamPool } from './proxy/upstream.js';
 import { FORMAT_VERSION, defaultTraceName, encodeExchange, isValidTraceName, type TraceMeta, type WorkspaceMeta } from './trace/schema.js';
 import { listTraces, traceRecords } from './trace/reader.js';
 import { BundleError, importBundle, parseBundle } from './trace/bundle.js';
+import { RetentionConfigError, collectGarbage, expiresAt, expiryFor, isExpired, loadRetention, type RetentionPolicy } from './trace/retention.js';
 import type { FileChange } from './launch/workspace.js';
 import type { ReplayOutcome } from './replay/verdict.js';
 import { TraceStore, type TraceSummary } from './trace/store.js';
@@ -127,6 +128,8 @@ export class Daemon {
   readonly token = randomBytes(24).toString('base64url');
   private anonymous: Promise<TraceWriter> | null = null;
   private anonymousReplay: ReplayPlayer | null = null;
+  private gcTimer: NodeJS.Timeout | null = null;
+  readonly retention: RetentionPolicy;
   /** `daemon --replay`: the anonymous replay's report, once the daemon stopped */
   finalReplayReport: ReplayReport | null = null;
   private stopping: Promise<void> | null = null;
@@ -145,11 +148,19 @@ export class Daemon {
     readonly listener: ProxyListener,
     readonly anonymousTraceName: string,
     readonly sessions: SessionRegistry,
-  ) {}
+  ) {
+    this.retention = loadRetention(options.home);
+  }
 
   static async start(options: DaemonOptions): Promise<Daemon> {
     const paths = ensureHome(options.home);
     const log = options.logger ?? createLogger();
+    try {
+      loadRetention(options.home);
+    } catch (err) {
+      if (err instanceof RetentionConfigError) throw new DaemonError(err.message, 400);
+      throw err;
+    }
     const rules: RuleSet = loadRuleSet(options.redactRulesFile ?? paths.redactRules, options.redactRulesFile === undefined);
     const redactor = new Redactor(rules);
     const ca = await loadOrCreateAuthority(options.home);
@@ -194,6 +205,7 @@ export class Daemon {
     if (options.replay) {
       try {
         const trace = await daemon.resolveTraceName(options.replay.trace);
+        await daemon.refuseExpired(trace);
         daemon.anonymousReplay = await ReplayPlayer.load(store, trace, options.replay);
       } catch (err) {
         await daemon.stop();
@@ -208,6 +220,9 @@ export class Daemon {
     daemon.writeState();
     daemon.ownerWatch = setInterval(() => daemon.reapDeadOwners(), 1000);
     daemon.ownerWatch.unref();
+    // Expired traces are deleted hourly (and by `mitm-replay gc`).
+    daemon.gcTimer = setInterval(() => void daemon.gc().catch((err: Error) => log.error({ err: err.message }, 'gc failed')), 60 * 60 * 1000);
+    daemon.gcTimer.unref();
     log.info({ listen: `${daemon.host}:${daemon.port}`, home: options.home, trace: anonymousTraceName, intercept: options.intercept.length }, 'mitm-replay daemon listening');
     return daemon;
   }
@@ -265,7 +280,24 @@ export class Daemon {
       intercept: this.options.intercept,
       redaction: this.redactor.rules,
       restarts: [],
+      tier: 'full',
+      expiresAt: expiryFor(this.retention, Date.now()),
     };
+  }
+
+  /** Deletes expired traces (never one being recorded) and the blobs nothing refers to any more. */
+  gc(): ReturnType<typeof collectGarbage> {
+    const live = new Set([...this.sessions.all().filter((s) => s.target.kind === 'record').map((s) => s.id), this.anonymousTraceName]);
+    return collectGarbage(this.store, this.retention, live);
+  }
+
+  /** Pins a trace (it never expires) or releases it (it expires by the policy again). */
+  async keep(name: string, release: boolean): Promise<TraceMeta> {
+    const meta = await this.store.getTrace(await this.resolveTraceName(name));
+    if (!meta) throw new DaemonError(`no trace named '${name}'`, 404);
+    const updated: TraceMeta = release ? { ...meta, kept: false, expiresAt: expiryFor(this.retention, meta.createdAt) } : { ...meta, kept: true };
+    await this.store.putTrace(updated);
+    return updated;
   }
 
   private async openWriter(name: string, init: Partial<TraceMeta> & { source: TraceMeta['source'] }, existing: 'resume' | 'replace' | 'refuse'): Promise<TraceWriter> {
@@ -294,6 +326,14 @@ export class Daemon {
   async anonymousTarget(): Promise<SessionTarget> {
     if (this.anonymousReplay) return { kind: 'replay', player: this.anonymousReplay };
     return { kind: 'record', writer: await this.anonymousWriter() };
+  }
+
+  /** Expired traces cannot be replayed (even before gc deletes them); the error says when they expired. */
+  private async refuseExpired(trace: string): Promise<void> {
+    const meta = await this.store.getTrace(trace);
+    if (meta && isExpired(meta, this.retention)) {
+      throw new DaemonError(`trace '${trace}' expired at ${new Date(expiresAt(meta, this.retention)!).toISOString()} and can no longer be replayed (pin the traces you need with 'mitm-replay keep NAME')`, 410);
+    }
   }
 
   /** `last` → the most recently created trace. */
@@ -334,6 +374,7 @@ export class Daemon {
     const trace = await this.resolveTraceName(request.trace);
     if (!isValidTraceName(trace)) throw new DaemonError(`invalid trace name '${trace}': use 1-64 of A-Z a-z 0-9 . _ -`, 400);
     if (this.sessions.get(trace)) throw new DaemonError(`trace '${trace}' is still being recorded: end that session before replaying it`, 409);
+    await this.refuseExpired(trace);
     let player: ReplayPlayer;
     try {
       player = await ReplayPlayer.load(this.store, trace, {
@@ -466,6 +507,9 @@ export class Daemon {
       if (method === 'GET' && path === '/traces') return json(200, await listTraces(this.store));
       const records = /^\/traces\/([^/?]+)\/exchanges$/.exec(path);
       if (method === 'GET' && records) return json(200, await traceRecords(this.store, await this.resolveTraceName(decodeURIComponent(records[1]!))));
+      if (method === 'POST' && path === '/gc') return json(200, await this.gc());
+      const keep = /^\/traces\/([^/?]+)\/keep$/.exec(path);
+      if (method === 'POST' && keep) return json(200, await this.keep(decodeURIComponent(keep[1]!), (JSON.parse(body.toString('utf8') || '{}') as { release?: boolean }).release === true));
       const reports = /^\/traces\/([^/?]+)\/reports$/.exec(path);
       if (method === 'GET' && reports) return json(200, await this.store.listReports(await this.resolveTraceName(decodeURIComponent(reports[1]!))));
       if (method === 'POST' && path.startsWith('/import')) {
@@ -473,7 +517,7 @@ export class Daemon {
         if (this.sessions.get(query.get('trace') ?? '')) throw new DaemonError(`trace '${query.get('trace')}' is being recorded by a live session`, 409);
         try {
           const bundle = parseBundle(body, 'the bundle');
-          return json(200, await importBundle(this.store, bundle, { name: query.get('trace') ?? undefined, force: query.get('force') === '1' }));
+          return json(200, await importBundle(this.store, bundle, { name: query.get('trace') ?? undefined, force: query.get('force') === '1', expiresAt: expiryFor(this.retention, Date.now()) }));
         } catch (err) {
           if (err instanceof BundleError) throw new DaemonError(err.message, 400);
           throw err;
@@ -526,6 +570,7 @@ export class Daemon {
   stop(): Promise<void> {
     this.stopping ??= (async () => {
       if (this.ownerWatch) clearInterval(this.ownerWatch);
+      if (this.gcTimer) clearInterval(this.gcTimer);
       this.removeState();
       const closed = new Promise<void>((resolve) => this.listener.server.close(() => resolve()));
       for (const session of this.sessions.all()) {

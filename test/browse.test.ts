@@ -24,8 +24,8 @@ describe('ls and show on a real recording', () => {
     const alone = await runCli(['ls', '--home', home]);
     expect(alone.code, alone.stderr).toBe(0);
     const [header, row] = alone.stdout.trim().split('\n');
-    expect(header).toMatch(/^NAME\s+CREATED \(UTC\)\s+TIER\s+EXPIRES\s+EXCHANGES\s+BYTES\s+COMMAND\s+EXIT\s+LAST VERDICT$/);
-    expect(row).toMatch(/^browse-me\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\s+full\s+-\s+2\s+[\d.]+ KiB\s+.*openai-agent\.mjs\s+0\s+-$/);
+    expect(header).toMatch(/^NAME\s+CREATED \(UTC\)\s+TIER\s+EXPIRES \(UTC\)\s+EXCHANGES\s+BYTES\s+COMMAND\s+EXIT\s+LAST VERDICT$/);
+    expect(row).toMatch(/^browse-me\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\s+full\s+\d{4}-\d\d-\d\d \d\d:\d\d\s+2\s+[\d.]+ KiB\s+.*openai-agent\.mjs\s+0\s+-$/);
     // beside a running daemon (which holds the store): no lock error, the same listing
     const daemon = await startCliDaemon(fx.routing(), home);
     try {

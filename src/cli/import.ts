@@ -4,6 +4,7 @@ import { DaemonClient, DaemonClientError } from '../daemon-client.js';
 import { homePaths, resolveHome, ensureHome } from '../home.js';
 import { BundleError, importBundle, parseBundle } from '../trace/bundle.js';
 import { TraceStore } from '../trace/store.js';
+import { expiryFor, loadRetention } from '../trace/retention.js';
 import { isValidTraceName } from '../trace/schema.js';
 
 export const IMPORT_HELP = `usage: mitm-replay import FILE [--trace NAME] [--force] [--home DIR]
@@ -48,7 +49,7 @@ export async function runImport(argv: string[]): Promise<number> {
     } else {
       const store = await TraceStore.open(homePaths(home).store);
       try {
-        result = await importBundle(store, bundle, { name, force: has(args, 'force') });
+        result = await importBundle(store, bundle, { name, force: has(args, 'force'), expiresAt: expiryFor(loadRetention(home), Date.now()) });
       } finally {
         await store.close();
       }

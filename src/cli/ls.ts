@@ -1,11 +1,13 @@
 import { UsageError, flag, has, parseArgs } from './args.js';
 import { resolveHome } from '../home.js';
 import { openTraceReader, type TraceListing } from '../trace/reader.js';
+import { expiresAt, loadRetention, type RetentionPolicy } from '../trace/retention.js';
 
 export const LS_HELP = `usage: mitm-replay ls [--json] [--home DIR]
 
-Lists the traces in the home, oldest first: name, created, tier, expires, exchanges, bytes, command, the
-command's exit code, and the last replay's verdict. Works beside a running daemon (it asks the daemon).
+Lists the traces in the home, oldest first: name, created, tier, expiry (never* for pinned traces),
+exchanges, bytes, command, the command's exit code, and the last replay's verdict. Works beside a running
+daemon (it asks the daemon).
 
 options:
   --json        one JSON array (meta, summary, lastVerdict per trace)
@@ -23,23 +25,31 @@ function tail(text: string, max: number): string {
   return text.length <= max ? text : `\u2026${text.slice(text.length - max + 1)}`;
 }
 
+function expiryColumn(meta: TraceListing['meta'], policy: RetentionPolicy, now: number, when: (ms: number) => string): string {
+  const at = expiresAt(meta, policy);
+  if (at === null) return 'never*';
+  return at <= now ? `expired ${when(at)}` : when(at);
+}
+
 /** Columns as a plain table: one line a trace, fields separated by two spaces, padded. */
-export function formatListing(listings: TraceListing[]): string {
+export function formatListing(listings: TraceListing[], policy: RetentionPolicy, now = Date.now()): string {
+  const when = (ms: number) => new Date(ms).toISOString().slice(0, 16).replace('T', ' ');
   const rows = listings.map(({ meta, summary, lastVerdict }) => [
     meta.name,
     new Date(meta.createdAt).toISOString().slice(0, 19).replace('T', ' '),
-    // Retention tiers and expiry are not implemented yet: every trace is full and kept until deleted.
-    'full',
-    '-',
+    meta.tier ?? 'full',
+    expiryColumn(meta, policy, now, when),
     String(summary.exchanges),
     bytes(summary.bytesUp + summary.bytesDown),
     meta.command ? tail(meta.command.join(' '), 48) : `(${meta.source})`,
     meta.exitCode === undefined ? '-' : String(meta.exitCode),
     lastVerdict ?? '-',
   ]);
-  const header = ['NAME', 'CREATED (UTC)', 'TIER', 'EXPIRES', 'EXCHANGES', 'BYTES', 'COMMAND', 'EXIT', 'LAST VERDICT'];
+  const header = ['NAME', 'CREATED (UTC)', 'TIER', 'EXPIRES (UTC)', 'EXCHANGES', 'BYTES', 'COMMAND', 'EXIT', 'LAST VERDICT'];
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
-  return [header, ...rows].map((r) => r.map((c, i) => c.padEnd(widths[i]!)).join('  ').trimEnd()).join('\n');
+  const lines = [header, ...rows].map((r) => r.map((c, i) => c.padEnd(widths[i]!)).join('  ').trimEnd());
+  if (listings.some(({ meta }) => meta.kept)) lines.push('WARNING: pinned full traces (never*) keep complete transcripts beyond the retention policy');
+  return lines.join('\n');
 }
 
 export async function runLs(argv: string[]): Promise<number> {
@@ -49,11 +59,12 @@ export async function runLs(argv: string[]): Promise<number> {
     return 0;
   }
   if (args.positionals.length > 0) throw new UsageError(`ls: unexpected argument '${args.positionals[0]}' (see 'mitm-replay ls --help')`);
-  const reader = await openTraceReader(resolveHome(flag(args, 'home')));
+  const home = resolveHome(flag(args, 'home'));
+  const reader = await openTraceReader(home);
   try {
     const listings = await reader.list();
     if (has(args, 'json')) console.log(JSON.stringify(listings, null, 2));
-    else console.log(listings.length === 0 ? "no traces yet (record one with 'mitm-replay record -- CMD')" : formatListing(listings));
+    else console.log(listings.length === 0 ? "no traces yet (record one with 'mitm-replay record -- CMD')" : formatListing(listings, loadRetention(home)));
     return 0;
   } finally {
     await reader.close();

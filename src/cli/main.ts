@@ -6,6 +6,7 @@ import { runEnd } from './end.js';
 import { runExport } from './export.js';
 import { runImport } from './import.js';
 import { runLs } from './ls.js';
+import { runGc, runKeep } from './retention.js';
 import { runShow } from './show.js';
 import { runRecord } from './record.js';
 import { runReplay } from './replay.js';
@@ -29,6 +30,8 @@ commands:
   show       list a trace's exchanges, or print one decoded
   export     write a trace to a portable bundle file (--bundle FILE)
   import     import a bundle made by export
+  keep       pin a trace so it never expires (--release undoes it)
+  gc         delete expired traces and unreferenced blobs
   compare    replay a control and a patched command against one recording: did the patch fix it?
   env        print 'export ...' lines that point a shell at the running daemon (to record or replay)
   end        end a session opened with 'env' (prints a replay's verdict)
@@ -45,6 +48,8 @@ const COMMANDS: Record<string, (argv: string[]) => Promise<number>> = {
   show: runShow,
   export: runExport,
   import: runImport,
+  keep: runKeep,
+  gc: runGc,
   compare: runCompare,
   env: runEnv,
   end: runEnd,

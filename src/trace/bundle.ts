@@ -101,7 +101,12 @@ export function parseBundle(bytes: Buffer, file: string): Bundle {
 }
 
 /** Writes a bundle's trace into a store, as `name`. Refuses to overwrite a different trace unless `force`. */
-export async function importBundle(store: TraceStore, bundle: Bundle, options: { name?: string; force?: boolean }): Promise<{ name: string; exchanges: number; unchanged: boolean }> {
+export async function importBundle(
+  store: TraceStore,
+  bundle: Bundle,
+  /** `expiresAt`: a full trace's retention runs from its import */
+  options: { name?: string; force?: boolean; expiresAt?: number },
+): Promise<{ name: string; exchanges: number; unchanged: boolean }> {
   const name = options.name ?? bundle.meta.name;
   if (!isValidTraceName(name)) throw new BundleError(`invalid trace name '${name}': use 1-64 characters of A-Z a-z 0-9 . _ -`);
   const existing = await store.getTrace(name);
@@ -114,7 +119,7 @@ export async function importBundle(store: TraceStore, bundle: Bundle, options: {
   for (const content of bundle.blobs.values()) await store.putBlob(content);
   for (const exchange of bundle.exchanges) await store.putExchange(name, exchange);
   for (const report of bundle.reports) await store.putReport(name, report.runId, report);
-  await store.putTrace({ ...bundle.meta, name });
+  await store.putTrace({ ...bundle.meta, name, kept: false, ...(options.expiresAt === undefined ? {} : { expiresAt: options.expiresAt }) });
   return { name, exchanges: bundle.exchanges.length, unchanged: false };
 }
 

@@ -44,6 +44,12 @@ export interface TraceMeta {
   restarts: number[];
   /** the working directory snapshot taken before `record` launched its command, and the diff after */
   workspace?: WorkspaceMeta;
+  /** retention tier (only `full` exists so far) */
+  tier?: 'full';
+  /** when the trace expires (epoch ms); absent in traces written before retention: see trace/retention.ts */
+  expiresAt?: number;
+  /** pinned with `mitm-replay keep`: never expires */
+  kept?: boolean;
 }
 
 export interface WorkspaceMeta {

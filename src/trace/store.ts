@@ -130,6 +130,16 @@ export class TraceStore {
     return hash;
   }
 
+  async blobHashes(): Promise<string[]> {
+    const hashes: string[] = [];
+    for await (const k of this.db.keys({ gte: 'b:', lt: 'b;' })) hashes.push(k.slice(2));
+    return hashes;
+  }
+
+  async deleteBlob(hash: string): Promise<void> {
+    await this.db.del(key.blob(hash));
+  }
+
   async getBlob(hash: string): Promise<Buffer | undefined> {
     if (!/^[0-9a-f]{64}$/.test(hash)) return undefined;
     return this.db.get(key.blob(hash));

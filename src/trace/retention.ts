@@ -1,0 +1,88 @@
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import type { TraceMeta } from './schema.js';
+import type { TraceStore } from './store.js';
+
+/**
+ * How long traces are kept. A full trace is a complete transcript: it expires (default 72 hours after it was
+ * recorded or imported) unless pinned with `mitm-replay keep`. Set in HOME/config.json:
+ *   { "retention": { "fullHours": 72 } }
+ */
+export interface RetentionPolicy {
+  fullHours: number;
+}
+
+export const DEFAULT_RETENTION: RetentionPolicy = { fullHours: 72 };
+const HOUR_MS = 60 * 60 * 1000;
+
+export class RetentionConfigError extends Error {}
+
+export function loadRetention(home: string): RetentionPolicy {
+  const file = join(home, 'config.json');
+  let text: string;
+  try {
+    text = readFileSync(file, 'utf8');
+  } catch {
+    return DEFAULT_RETENTION;
+  }
+  let config: { retention?: { fullHours?: unknown } };
+  try {
+    config = JSON.parse(text) as typeof config;
+  } catch (err) {
+    throw new RetentionConfigError(`${file} is not valid JSON (${(err as Error).message}); fix or remove it`);
+  }
+  const hours = config.retention?.fullHours ?? DEFAULT_RETENTION.fullHours;
+  if (typeof hours !== 'number' || !(hours > 0)) throw new RetentionConfigError(`${file}: retention.fullHours must be a positive number of hours`);
+  return { fullHours: hours };
+}
+
+/** When a trace created (or imported) at `from` expires under the policy. */
+export function expiryFor(policy: RetentionPolicy, from: number): number {
+  return from + policy.fullHours * HOUR_MS;
+}
+
+/** Traces written before retention existed have no expiry field: they expire by their creation time. */
+export function expiresAt(meta: TraceMeta, policy: RetentionPolicy): number | null {
+  if (meta.kept) return null;
+  return meta.expiresAt ?? expiryFor(policy, meta.createdAt);
+}
+
+export function isExpired(meta: TraceMeta, policy: RetentionPolicy, now = Date.now()): boolean {
+  const at = expiresAt(meta, policy);
+  return at !== null && at <= now;
+}
+
+export interface GcResult {
+  deletedTraces: string[];
+  deletedBlobs: number;
+}
+
+/** Deletes expired traces, then every blob no remaining trace refers to (workspace snapshots and files). */
+export async function collectGarbage(store: TraceStore, policy: RetentionPolicy, live: Set<string>, now = Date.now()): Promise<GcResult> {
+  const deletedTraces: string[] = [];
+  const remaining: TraceMeta[] = [];
+  for (const meta of await store.listTraces()) {
+    // A trace being recorded right now is never collected.
+    if (!live.has(meta.name) && isExpired(meta, policy, now)) {
+      await store.deleteTrace(meta.name);
+      deletedTraces.push(meta.name);
+    } else remaining.push(meta);
+  }
+  const referenced = new Set<string>();
+  for (const meta of remaining) {
+    if (!meta.workspace) continue;
+    referenced.add(meta.workspace.snapshot);
+    const snapshot = await store.getBlob(meta.workspace.snapshot);
+    if (!snapshot) continue;
+    for (const entry of (JSON.parse(snapshot.toString('utf8')) as { entries: { hash?: string }[] }).entries) {
+      if (entry.hash) referenced.add(entry.hash);
+    }
+  }
+  let deletedBlobs = 0;
+  for (const hash of await store.blobHashes()) {
+    if (referenced.has(hash)) continue;
+    await store.deleteBlob(hash);
+    deletedBlobs++;
+  }
+  return { deletedTraces, deletedBlobs };
+}
