@@ -17,6 +17,8 @@ import { UpstreamPool } from './proxy/upstream.js';
 import { FORMAT_VERSION, defaultTraceName, encodeExchange, isValidTraceName, type TraceMeta, type WorkspaceMeta } from './trace/schema.js';
 import { listTraces, traceRecords } from './trace/reader.js';
 import { BundleError, importBundle, parseBundle } from './trace/bundle.js';
+import { convertToStructural, TierError, type ConversionResult } from './trace/tiers.js';
+import { DEFAULT_STRUCTURAL } from './trace/structural.js';
 import { RetentionConfigError, collectGarbage, expiresAt, expiryFor, isExpired, loadRetention, type RetentionPolicy } from './trace/retention.js';
 import type { FileChange } from './launch/workspace.js';
 import type { ReplayOutcome } from './replay/verdict.js';
@@ -68,6 +70,8 @@ export interface SessionRequest {
   force?: boolean;
   /** how a recording was started (default `env`) */
   source?: TraceMeta['source'];
+  /** retention tier of a new recording (default `full`) */
+  tier?: 'full' | 'structural';
   command?: string[];
   cwd?: string;
   ownerPid?: number;
@@ -291,11 +295,24 @@ export class Daemon {
     return collectGarbage(this.store, this.retention, live);
   }
 
+  /** full → structural (one way); refused while the trace is being recorded or replayed. */
+  async convertTier(name: string): Promise<ConversionResult> {
+    const trace = await this.resolveTraceName(name);
+    const busy = this.sessions.all().some((s) => (s.target.kind === 'record' ? s.target.writer.name : s.target.player.trace) === trace);
+    if (busy || trace === this.anonymousTraceName) throw new DaemonError(`trace '${trace}' is in use by a live session; end it first`, 409);
+    try {
+      return await convertToStructural(this.store, trace, this.retention);
+    } catch (err) {
+      if (err instanceof TierError) throw new DaemonError(err.message, 400);
+      throw err;
+    }
+  }
+
   /** Pins a trace (it never expires) or releases it (it expires by the policy again). */
   async keep(name: string, release: boolean): Promise<TraceMeta> {
     const meta = await this.store.getTrace(await this.resolveTraceName(name));
     if (!meta) throw new DaemonError(`no trace named '${name}'`, 404);
-    const updated: TraceMeta = release ? { ...meta, kept: false, expiresAt: expiryFor(this.retention, meta.createdAt) } : { ...meta, kept: true };
+    const updated: TraceMeta = release ? { ...meta, kept: false, expiresAt: expiryFor(this.retention, meta.createdAt, meta.tier) } : { ...meta, kept: true };
     await this.store.putTrace(updated);
     return updated;
   }
@@ -351,7 +368,9 @@ export class Daemon {
     if (!isValidTraceName(name)) throw new DaemonError(`invalid trace name '${name}': use 1-64 of A-Z a-z 0-9 . _ - (not 'last')`, 400);
     if (this.sessions.get(name)) throw new DaemonError(`trace '${name}' is being recorded by a live session: pick another name with --trace`, 409);
     if (name === this.anonymousTraceName) throw new DaemonError(`trace '${name}' is the daemon's trace for anonymous traffic: pick another name with --trace`, 409);
-    const writer = await this.openWriter(name, { source: request.source ?? 'env', command: request.command, cwd: request.cwd }, request.force ? 'replace' : 'refuse');
+    const tier = request.tier ?? 'full';
+    const tierMeta: Partial<TraceMeta> = tier === 'structural' ? { tier, structural: DEFAULT_STRUCTURAL, expiresAt: expiryFor(this.retention, Date.now(), 'structural') } : {};
+    const writer = await this.openWriter(name, { source: request.source ?? 'env', command: request.command, cwd: request.cwd, ...tierMeta }, request.force ? 'replace' : 'refuse');
     this.log.info({ trace: name, source: request.source }, 'session started');
     return this.addSession(name, { kind: 'record', writer }, request);
   }
@@ -508,6 +527,8 @@ export class Daemon {
       const records = /^\/traces\/([^/?]+)\/exchanges$/.exec(path);
       if (method === 'GET' && records) return json(200, await traceRecords(this.store, await this.resolveTraceName(decodeURIComponent(records[1]!))));
       if (method === 'POST' && path === '/gc') return json(200, await this.gc());
+      const tierChange = /^\/traces\/([^/?]+)\/tier$/.exec(path);
+      if (method === 'POST' && tierChange) return json(200, await this.convertTier(decodeURIComponent(tierChange[1]!)));
       const keep = /^\/traces\/([^/?]+)\/keep$/.exec(path);
       if (method === 'POST' && keep) return json(200, await this.keep(decodeURIComponent(keep[1]!), (JSON.parse(body.toString('utf8') || '{}') as { release?: boolean }).release === true));
       const reports = /^\/traces\/([^/?]+)\/reports$/.exec(path);

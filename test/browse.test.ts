@@ -1,5 +1,5 @@
 import { beforeAll, describe, expect, it } from 'vitest';
-import { readFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
 import { useUpstreamFixture } from './helpers/cli-fixture.js';
@@ -89,6 +89,24 @@ describe('ls and show on a real recording', () => {
     expect([...offsets].sort((a, b) => a - b)).toEqual(offsets);
     expect(stream._mitmReplay.chunks.length).toBeGreaterThan(3);
     expect(JSON.stringify(har)).not.toContain('sk-proj-browse');
+  });
+
+  it('import --har makes a replayable trace from a HAR and states the limits of HAR', async () => {
+    const file = join(fx.work, 'for-import.har');
+    expect((await runCli(['export', 'browse-me', '--har', file, '--home', home])).code).toBe(0);
+    const other = fx.freshHome();
+    const imported = await runCli(['import', '--har', file, '--trace', 'from-har', '--home', other]);
+    expect(imported.code, imported.stderr).toBe(0);
+    expect(imported.stderr).toMatch(/HAR limit: .*header/i);
+    expect(imported.stderr).toContain('imported trace from-har (2 records)');
+    const rep = await runCli(['replay', 'from-har', '--home', other, '--', process.execPath, nodeAgent], { env: { OPENAI_API_KEY: 'sk-other', OPENAI_BASE_URL: '' } });
+    expect(rep.stderr).toContain('exact=2');
+    expect(rep.code, rep.stderr).toBe(0);
+    const notHar = join(fx.work, 'not.har');
+    writeFileSync(notHar, '{"log": {"entries": "nope"}}');
+    const bad = await runCli(['import', '--har', notHar, '--home', other]);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr.trim().split('\n')).toHaveLength(1);
   });
 
   it('bad input: unknown trace, bad --exchange, missing exchange: exit 2 with one line', async () => {

@@ -3,6 +3,7 @@ import type { Redactor } from './redact.js';
 import { RequestParser, ResponseParser, headerValue, type MessageHead } from '../proxy/http1.js';
 import { rewriteHeaders } from '../proxy/head.js';
 import { requestHash } from '../replay/matcher.js';
+import { DEFAULT_STRUCTURAL, structuralExchange, structuralRequest, type StructuralOptions } from '../trace/structural.js';
 import type { TraceStore } from '../trace/store.js';
 import type { ExchangeRecord, Firing, Origin, Route, StoredExchange, TraceMeta } from '../trace/schema.js';
 
@@ -149,6 +150,21 @@ export function redactMessage(
   return { head: newHead, body, pieces: pieces ?? [body.length], flags, fired };
 }
 
+/** A structural trace stores only shapes: the exchange reduced, its match key recomputed on the reduced request. */
+export function toStructural(exchange: StoredExchange, options: StructuralOptions): StoredExchange {
+  const reduced = structuralExchange(exchange, options);
+  if (reduced.record.request) {
+    const { clientTarget: _dropped, ...request } = reduced.record.request;
+    reduced.record.request = { ...request, target: targetOf(reduced.requestHead), hash: requestHash(reduced.requestHead, reduced.requestBody) };
+  }
+  return reduced;
+}
+
+/** The request target in a head's request line. */
+function targetOf(head: Buffer): string {
+  return head.toString('latin1', 0, head.indexOf('\r\n')).split(' ')[1] ?? '/';
+}
+
 /**
  * Tees one HTTP exchange into the trace. Raw bytes live here only until the exchange ends; they are
  * redacted before the store sees them. An `open` record (redacted head only) is written at the start, so an
@@ -198,7 +214,10 @@ export class ExchangeRecorder {
     };
     this.record.redactions = fired;
     // The store orders and batches writes: an exchange that completes within this turn writes once.
-    writer.track(writer.store.putExchange(writer.name, { record: { ...this.record }, requestHead: head, requestBody: Buffer.alloc(0), responseHead: Buffer.alloc(0), responseBody: Buffer.alloc(0) }));
+    // A structural trace never holds a payload on disk, not even in the open marker.
+    const markerHead = writer.meta.tier === 'structural' ? structuralRequest(head, Buffer.alloc(0), writer.meta.structural ?? DEFAULT_STRUCTURAL).head : head;
+    const markerRequest = writer.meta.tier === 'structural' ? { ...this.record.request!, target: targetOf(markerHead), clientTarget: undefined } : this.record.request!;
+    writer.track(writer.store.putExchange(writer.name, { record: { ...this.record, request: { ...markerRequest, headLength: markerHead.length } }, requestHead: markerHead, requestBody: Buffer.alloc(0), responseHead: Buffer.alloc(0), responseBody: Buffer.alloc(0) }));
   }
 
   private redactTarget(redactedHead: Buffer): string {
@@ -285,7 +304,9 @@ export class ExchangeRecorder {
       this.record.response = { ...this.record.response, headLength: responseHead.length, bodyLength: responseBody.length, flags: response.flags, chunks };
       this.record.redactions.push(...response.fired);
     }
-    const exchange: StoredExchange = { record: this.record, requestHead: request.head, requestBody: request.body, responseHead, responseBody };
+    let exchange: StoredExchange = { record: this.record, requestHead: request.head, requestBody: request.body, responseHead, responseBody };
+    const { tier, structural } = this.writer.meta;
+    if (tier === 'structural') exchange = toStructural(exchange, structural ?? DEFAULT_STRUCTURAL);
     this.writer.track(this.writer.store.putExchange(this.writer.name, exchange));
   }
 }

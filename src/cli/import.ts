@@ -2,19 +2,25 @@ import { readFileSync } from 'node:fs';
 import { UsageError, flag, has, parseArgs } from './args.js';
 import { DaemonClient, DaemonClientError } from '../daemon-client.js';
 import { homePaths, resolveHome, ensureHome } from '../home.js';
-import { BundleError, importBundle, parseBundle } from '../trace/bundle.js';
+import { BundleError, importBundle, parseBundle, serializeBundle, type Bundle } from '../trace/bundle.js';
+import { HarImportError, harToBundle, parseHarText } from '../trace/har-import.js';
+import { basename } from 'node:path';
 import { TraceStore } from '../trace/store.js';
 import { expiryFor, loadRetention } from '../trace/retention.js';
 import { isValidTraceName } from '../trace/schema.js';
 
 export const IMPORT_HELP = `usage: mitm-replay import FILE [--trace NAME] [--force] [--home DIR]
+       mitm-replay import --har FILE [--trace NAME] [--force] [--home DIR]
 
 Imports a bundle made by 'mitm-replay export NAME --bundle FILE' after checking its content hash (a
 truncated or modified bundle is refused). The trace keeps its name unless --trace gives another; a
 different trace of that name is not overwritten without --force. Importing the same bundle twice changes
-nothing. (HAR import is not implemented yet.)
+nothing. With --har, FILE is a HAR (browser devtools, mitmproxy, Polly.JS, or 'mitm-replay export --har'):
+it becomes a replayable trace, redacted with the built-in rules; the import summary states what HAR could
+not carry (chunk timing, raw header order, ...). The trace is named --trace NAME, else after the file.
 
 options:
+  --har           FILE is a HAR, not a bundle
   --trace NAME    import under this name
   --force         replace a different trace of the same name
   --home DIR      the home (default $MITM_REPLAY_HOME or ~/.mitm-replay)
@@ -28,7 +34,6 @@ export async function runImport(argv: string[]): Promise<number> {
   }
   const [file, extra] = args.positionals;
   if (!file || extra !== undefined) throw new UsageError("import: give one bundle file; see 'mitm-replay import --help'");
-  if (has(args, 'har')) throw new UsageError('import: --har is not implemented yet; import a bundle made by mitm-replay export --bundle');
   const name = flag(args, 'trace');
   if (name !== undefined && !isValidTraceName(name)) throw new UsageError(`import: invalid trace name '${name}'`);
   let bytes: Buffer;
@@ -38,7 +43,13 @@ export async function runImport(argv: string[]): Promise<number> {
     throw new UsageError(`import: cannot read ${file}: ${(err as Error).message}`);
   }
   try {
-    const bundle = parseBundle(bytes, file);
+    let bundle: Bundle;
+    if (has(args, 'har')) {
+      const imported = harToBundle(parseHarText(bytes.toString('utf8'), file), name ?? traceNameFromFile(file));
+      bundle = imported.bundle;
+      for (const limit of imported.limits) process.stderr.write(`mitm-replay: HAR limit: ${limit}\n`);
+      bytes = serializeBundle(bundle);
+    } else bundle = parseBundle(bytes, file);
     const home = resolveHome(flag(args, 'home'));
     const paths = ensureHome(home);
     const client = await DaemonClient.find(paths.stateFile);
@@ -61,7 +72,13 @@ export async function runImport(argv: string[]): Promise<number> {
     );
     return 0;
   } catch (err) {
-    if (err instanceof BundleError || err instanceof DaemonClientError) throw new UsageError(`import: ${err.message}`);
+    if (err instanceof BundleError || err instanceof DaemonClientError || err instanceof HarImportError) throw new UsageError(`import: ${err.message}`);
     throw err;
   }
+}
+
+/** `devtools-export.har` → `devtools-export` (characters a trace name cannot hold become `-`). */
+function traceNameFromFile(file: string): string {
+  const base = basename(file).replace(/\.har$/i, '').replace(/[^A-Za-z0-9._-]/g, '-').slice(0, 64);
+  return base === '' || base === 'last' ? 'imported-har' : base;
 }

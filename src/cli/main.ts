@@ -6,7 +6,7 @@ import { runEnd } from './end.js';
 import { runExport } from './export.js';
 import { runImport } from './import.js';
 import { runLs } from './ls.js';
-import { runGc, runKeep } from './retention.js';
+import { runGc, runKeep, runTier } from './retention.js';
 import { runShow } from './show.js';
 import { runRecord } from './record.js';
 import { runReplay } from './replay.js';
@@ -32,6 +32,7 @@ commands:
   import     import a bundle made by export
   keep       pin a trace so it never expires (--release undoes it)
   gc         delete expired traces and unreferenced blobs
+  tier       convert a trace to the structural tier (its shape only, no payloads)
   compare    replay a control and a patched command against one recording: did the patch fix it?
   env        print 'export ...' lines that point a shell at the running daemon (to record or replay)
   end        end a session opened with 'env' (prints a replay's verdict)
@@ -50,6 +51,7 @@ const COMMANDS: Record<string, (argv: string[]) => Promise<number>> = {
   import: runImport,
   keep: runKeep,
   gc: runGc,
+  tier: runTier,
   compare: runCompare,
   env: runEnv,
   end: runEnd,

@@ -17,6 +17,8 @@ exits with CMD's exit code (128+N if signal N killed it); 125 if mitm-replay fai
 
 options:
   --force                  replace an existing trace of the same name
+  --tier full|structural   full keeps every payload (default; expires after 72 h); structural keeps only the
+                           run's shape (no customer data; expires after 90 days)
   --no-base-url            do not set OPENAI_BASE_URL / ANTHROPIC_BASE_URL
 ${RECORD_WORKSPACE_HELP}
 ${DAEMON_FLAGS_HELP}
@@ -51,7 +53,7 @@ export function summaryLine(trace: string, summary: TraceSummary, writeErrors: n
 export async function runRecord(argv: string[]): Promise<number> {
   let args;
   try {
-    args = parseArgs('record', argv, { ...DAEMON_FLAGS, ...RECORD_WORKSPACE_FLAGS, force: {}, 'no-base-url': {} });
+    args = parseArgs('record', argv, { ...DAEMON_FLAGS, ...RECORD_WORKSPACE_FLAGS, force: {}, 'no-base-url': {}, tier: { value: true } });
   } catch (err) {
     if (err instanceof UsageError) {
       process.stderr.write(`mitm-replay: ${err.message}\n`);
@@ -73,12 +75,15 @@ export async function runRecord(argv: string[]): Promise<number> {
     if (!args.rest || args.rest.length === 0) throw new UsageError(`record: no command given; usage: mitm-replay record [options] -- CMD [ARGS...]`);
     // checks the workspace flags before anything starts (the redactor comes with the trace, below)
     recordWorkspaceOptions(args, options.home, new Redactor(buildRuleSet()));
+    const tier = flag(args, 'tier') ?? 'full';
+    if (tier !== 'full' && tier !== 'structural') throw new UsageError(`record: --tier must be full or structural, not '${tier}'`);
     access = await connectDaemon(args, 'record');
     if (access.note) process.stderr.write(`mitm-replay: ${access.note}\n`);
     backend = await access.openSession({
       trace: flag(args, 'trace'),
       force: has(args, 'force'),
       source: 'record',
+      tier,
       command: args.rest,
       cwd: process.cwd(),
       ownerPid: process.pid,
@@ -86,7 +91,8 @@ export async function runRecord(argv: string[]): Promise<number> {
     });
     const meta = await access.getTrace(backend.session.trace);
     // The snapshot goes through the trace's own redaction rules, the same as its traffic.
-    const snapshotOptions = recordWorkspaceOptions(args, options.home, new Redactor(meta!.redaction));
+    // A structural trace holds no payloads, so it takes no workspace snapshot (file contents are payloads).
+    const snapshotOptions = tier === 'structural' ? undefined : recordWorkspaceOptions(args, options.home, new Redactor(meta!.redaction));
     if (snapshotOptions) {
       workspace = await captureWorkspace(snapshotOptions, access.blobs);
       await backend.setWorkspace(workspace.meta);

@@ -4,6 +4,7 @@ import { homePaths, resolveHome } from '../home.js';
 import { collectGarbage, expiryFor, loadRetention, RetentionConfigError, type GcResult } from '../trace/retention.js';
 import { isValidTraceName, type TraceMeta } from '../trace/schema.js';
 import { TraceStore } from '../trace/store.js';
+import { TierError, convertToStructural, type ConversionResult } from '../trace/tiers.js';
 
 export const KEEP_HELP = `usage: mitm-replay keep NAME|last [--release] [--home DIR]
 
@@ -17,7 +18,7 @@ Deletes expired traces (never one being recorded) and the workspace blobs no rem
 A running daemon does this every hour on its own.`;
 
 /** Runs `work` through the running daemon's control API, or on the store directly when none runs. */
-async function withStoreOrDaemon<T>(home: string, viaDaemon: (client: DaemonClient) => Promise<T>, direct: (store: TraceStore) => Promise<T>): Promise<T> {
+export async function withStoreOrDaemon<T>(home: string, viaDaemon: (client: DaemonClient) => Promise<T>, direct: (store: TraceStore) => Promise<T>): Promise<T> {
   const client = await DaemonClient.find(homePaths(home).stateFile);
   try {
     if (client) return await viaDaemon(client);
@@ -28,7 +29,7 @@ async function withStoreOrDaemon<T>(home: string, viaDaemon: (client: DaemonClie
       await store.close();
     }
   } catch (err) {
-    if (err instanceof DaemonClientError || err instanceof RetentionConfigError) throw new UsageError(err.message);
+    if (err instanceof DaemonClientError || err instanceof RetentionConfigError || err instanceof TierError) throw new UsageError(err.message);
     throw err;
   }
 }
@@ -76,5 +77,41 @@ export async function runGc(argv: string[]): Promise<number> {
   );
   if (has(args, 'json')) console.log(JSON.stringify(result));
   else process.stderr.write(`mitm-replay: gc deleted ${result.deletedTraces.length} expired trace(s)${result.deletedTraces.length ? ` (${result.deletedTraces.join(', ')})` : ''} and ${result.deletedBlobs} unreferenced blob(s)\n`);
+  return 0;
+}
+
+export const TIER_HELP = `usage: mitm-replay tier NAME|last structural [--home DIR]
+
+Converts a full trace to the structural tier, one way: every exchange is rewritten as its shape (JSON strings
+as same-length filler, headers by name with values reduced, other bodies by length and content type; SSE
+frames and timing kept), the replay reports and the workspace snapshot are dropped, content nothing else
+refers to is deleted and the store compacted, so the payloads are gone from disk, not hidden. Structural
+traces expire after 90 days (HOME/config.json "retention.structuralDays"). A structural replay matches
+requests by their shape.`;
+
+export async function runTier(argv: string[]): Promise<number> {
+  const args = parseArgs('tier', argv, { home: { value: true }, help: {} });
+  if (has(args, 'help')) {
+    console.log(TIER_HELP);
+    return 0;
+  }
+  const [name, tier, extra] = args.positionals;
+  if (!name || !tier || extra !== undefined) throw new UsageError("tier: usage: mitm-replay tier NAME structural (see 'mitm-replay tier --help')");
+  if (name !== 'last' && !isValidTraceName(name)) throw new UsageError(`tier: invalid trace name '${name}'`);
+  if (tier === 'full') throw new UsageError('tier: structural → full is impossible: the payloads are gone (the conversion is one way)');
+  if (tier !== 'structural') throw new UsageError(`tier: unknown tier '${tier}' (the tiers are full and structural)`);
+  const home = resolveHome(flag(args, 'home'));
+  const result = await withStoreOrDaemon<ConversionResult>(
+    home,
+    (client) => client.request('POST', `/traces/${encodeURIComponent(name)}/tier`, { tier }),
+    async (store) => {
+      const resolved = name === 'last' ? ((await store.latestTraceName()) ?? name) : name;
+      return convertToStructural(store, resolved, loadRetention(home));
+    },
+  );
+  const dropped = [result.deletedReports > 0 ? `${result.deletedReports} replay report(s)` : '', result.droppedWorkspace ? 'the workspace snapshot' : ''].filter(Boolean);
+  process.stderr.write(
+    `mitm-replay: trace ${result.name} is structural now (${result.exchanges} records reduced to their shape${dropped.length ? `; dropped ${dropped.join(' and ')}` : ''}; ${result.deletedBlobs} blob(s) deleted; store compacted)\n`,
+  );
   return 0;
 }

@@ -4,6 +4,7 @@ import type { Origin, Route, StoredExchange, TraceMeta } from '../trace/schema.j
 import type { TraceStore } from '../trace/store.js';
 import { explainDivergence, type Divergence } from './divergence.js';
 import { Matcher, endpointOf, requestHash, type Recording } from './matcher.js';
+import { DEFAULT_STRUCTURAL, type StructuralOptions } from '../trace/structural.js';
 import { buildReport, type ReplayOutcome, type ReplayReport } from './verdict.js';
 
 export interface ReplayOptions {
@@ -93,6 +94,11 @@ export class ReplayPlayer {
 
   get intercept(): string[] {
     return this.meta.intercept;
+  }
+
+  /** For a structural trace: how to reduce a replayed request to its shape before matching. */
+  get structural(): StructuralOptions | null {
+    return this.meta.tier === 'structural' ? (this.meta.structural ?? DEFAULT_STRUCTURAL) : null;
   }
 
   /** Decides what a replayed request gets. `head`/`body` are its canonical, redacted stored form. */

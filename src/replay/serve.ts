@@ -2,6 +2,7 @@ import type net from 'node:net';
 import { once } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { redactMessage } from '../capture/recorder.js';
+import { structuralRequest } from '../trace/structural.js';
 import { localResponseBytes, type RequestHandler } from '../proxy/connection.js';
 import { forwardRequestHead } from '../proxy/head.js';
 import { headerValue, type RequestHead } from '../proxy/http1.js';
@@ -105,7 +106,10 @@ export class ReplayHandler implements RequestHandler {
     const requestEnd = performance.now();
     const { head, target, origin, route } = this.request;
     const forwarded = forwardRequestHead(head, { requestLine: this.request.requestLine, replace: this.request.replace });
-    const stored = redactMessage(this.player.redactor, 'request', forwarded.raw, this.wire, this.payload, { parsed: head });
+    const redacted = redactMessage(this.player.redactor, 'request', forwarded.raw, this.wire, this.payload, { parsed: head });
+    // A structural trace holds shapes only: the replayed request is compared by its shape.
+    const structural = this.player.structural;
+    const stored = structural ? structuralRequest(redacted.head, redacted.body, structural) : redacted;
     const decision = this.player.decide({ origin, route, method: head.method, target, head: stored.head, body: stored.body });
     if (decision.kind === 'refuse') {
       const code = decision.outcome.outcome === 'missing' ? 'replay_missing' : 'replay_diverged';

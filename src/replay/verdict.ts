@@ -15,6 +15,8 @@ export interface Verdict {
   /** `blocked`, or `live:N` when --allow-live let N tunnels through */
   egress: string;
   refusedTunnels: number;
+  /** the trace's tier; a structural replay matched shapes, not content */
+  tier: 'full' | 'structural';
   ending: 'PASS' | 'FAIL' | 'DIAGNOSTIC';
 }
 
@@ -81,6 +83,7 @@ export function computeVerdict(player: ReplayPlayer): Verdict {
     unused: recorded - reused,
     egress: live > 0 ? `live:${live}` : 'blocked',
     refusedTunnels: player.tunnels.filter((t) => !t.allowed).length,
+    tier: player.meta.tier ?? 'full',
     ending: 'FAIL',
   };
   if (player.options.diagnostic) verdict.ending = 'DIAGNOSTIC';
@@ -102,6 +105,7 @@ export function verdictLine(v: Verdict, outcome: ReplayOutcome | null = null): s
     `egress=${v.egress}`,
   ];
   if (v.refusedTunnels > 0) parts.push(`refused-tunnels=${v.refusedTunnels}`);
+  if (v.tier === 'structural') parts.push('tier=structural');
   if (outcome) {
     parts.push(`child-exit=${outcome.childExit ?? '-'}`, `recorded-exit=${outcome.recordedExit ?? '-'}`);
     if (outcome.files !== 'none') parts.push(`files=${outcome.files}`);

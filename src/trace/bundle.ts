@@ -61,9 +61,26 @@ export async function exportBundle(reader: TraceReader, name: string): Promise<{
     blobs[hash] = content.toString('base64');
   }
   const document: BundleDocument = { schema: BUNDLE_SCHEMA, meta, exchanges, reports: await reader.reports(meta.name), blobs };
+  return { bytes: serializeDocument(document), meta, exchanges: exchanges.length };
+}
+
+function serializeDocument(document: BundleDocument): Buffer {
   const payload = gzipSync(JSON.stringify(document));
   const digest = createHash('sha256').update(payload).digest('hex');
-  return { bytes: Buffer.concat([Buffer.from(`${MAGIC}sha256:${digest}\n`), payload]), meta, exchanges: exchanges.length };
+  return Buffer.concat([Buffer.from(`${MAGIC}sha256:${digest}\n`), payload]);
+}
+
+/** A bundle built in memory (e.g. from a HAR) as bundle bytes, for a daemon's import route. */
+export function serializeBundle(bundle: Bundle): Buffer {
+  const blobs: Record<string, string> = {};
+  for (const [hash, content] of bundle.blobs) blobs[hash] = content.toString('base64');
+  return serializeDocument({
+    schema: BUNDLE_SCHEMA,
+    meta: bundle.meta,
+    exchanges: bundle.exchanges.map((e) => encodeExchange(e).toString('base64')),
+    reports: bundle.reports,
+    blobs,
+  });
 }
 
 /** Checks a bundle's integrity and decodes it; a truncated or modified file is refused. */

@@ -5,14 +5,16 @@ import type { TraceStore } from './store.js';
 
 /**
  * How long traces are kept. A full trace is a complete transcript: it expires (default 72 hours after it was
- * recorded or imported) unless pinned with `mitm-replay keep`. Set in HOME/config.json:
- *   { "retention": { "fullHours": 72 } }
+ * recorded or imported) unless pinned with `mitm-replay keep`; a structural trace (shapes only) after 90 days.
+ * Set in HOME/config.json:
+ *   { "retention": { "fullHours": 72, "structuralDays": 90 } }
  */
 export interface RetentionPolicy {
   fullHours: number;
+  structuralDays: number;
 }
 
-export const DEFAULT_RETENTION: RetentionPolicy = { fullHours: 72 };
+export const DEFAULT_RETENTION: RetentionPolicy = { fullHours: 72, structuralDays: 90 };
 const HOUR_MS = 60 * 60 * 1000;
 
 export class RetentionConfigError extends Error {}
@@ -25,7 +27,7 @@ export function loadRetention(home: string): RetentionPolicy {
   } catch {
     return DEFAULT_RETENTION;
   }
-  let config: { retention?: { fullHours?: unknown } };
+  let config: { retention?: { fullHours?: unknown; structuralDays?: unknown } };
   try {
     config = JSON.parse(text) as typeof config;
   } catch (err) {
@@ -33,18 +35,20 @@ export function loadRetention(home: string): RetentionPolicy {
   }
   const hours = config.retention?.fullHours ?? DEFAULT_RETENTION.fullHours;
   if (typeof hours !== 'number' || !(hours > 0)) throw new RetentionConfigError(`${file}: retention.fullHours must be a positive number of hours`);
-  return { fullHours: hours };
+  const days = config.retention?.structuralDays ?? DEFAULT_RETENTION.structuralDays;
+  if (typeof days !== 'number' || !(days > 0)) throw new RetentionConfigError(`${file}: retention.structuralDays must be a positive number of days`);
+  return { fullHours: hours, structuralDays: days };
 }
 
-/** When a trace created (or imported) at `from` expires under the policy. */
-export function expiryFor(policy: RetentionPolicy, from: number): number {
-  return from + policy.fullHours * HOUR_MS;
+/** When a trace of `tier` created (or imported) at `from` expires under the policy. */
+export function expiryFor(policy: RetentionPolicy, from: number, tier: 'full' | 'structural' = 'full'): number {
+  return from + (tier === 'structural' ? policy.structuralDays * 24 : policy.fullHours) * HOUR_MS;
 }
 
 /** Traces written before retention existed have no expiry field: they expire by their creation time. */
 export function expiresAt(meta: TraceMeta, policy: RetentionPolicy): number | null {
   if (meta.kept) return null;
-  return meta.expiresAt ?? expiryFor(policy, meta.createdAt);
+  return meta.expiresAt ?? expiryFor(policy, meta.createdAt, meta.tier);
 }
 
 export function isExpired(meta: TraceMeta, policy: RetentionPolicy, now = Date.now()): boolean {
@@ -58,12 +62,12 @@ export interface GcResult {
 }
 
 /** Deletes expired traces, then every blob no remaining trace refers to (workspace snapshots and files). */
-export async function collectGarbage(store: TraceStore, policy: RetentionPolicy, live: Set<string>, now = Date.now()): Promise<GcResult> {
+export async function collectGarbage(store: TraceStore, policy: RetentionPolicy | null, live: Set<string>, now = Date.now()): Promise<GcResult> {
   const deletedTraces: string[] = [];
   const remaining: TraceMeta[] = [];
   for (const meta of await store.listTraces()) {
-    // A trace being recorded right now is never collected.
-    if (!live.has(meta.name) && isExpired(meta, policy, now)) {
+    // A trace being recorded right now is never collected; a null policy collects blobs only.
+    if (policy && !live.has(meta.name) && isExpired(meta, policy, now)) {
       await store.deleteTrace(meta.name);
       deletedTraces.push(meta.name);
     } else remaining.push(meta);

@@ -1,5 +1,6 @@
 import type { Firing, RuleSet } from '../capture/redact.js';
 import type { FileChange } from '../launch/workspace.js';
+import type { StructuralOptions } from './structural.js';
 
 export type { Firing };
 
@@ -44,8 +45,10 @@ export interface TraceMeta {
   restarts: number[];
   /** the working directory snapshot taken before `record` launched its command, and the diff after */
   workspace?: WorkspaceMeta;
-  /** retention tier (only `full` exists so far) */
-  tier?: 'full';
+  /** retention tier: `full` keeps every payload; `structural` keeps only the run's shape (trace/structural.ts) */
+  tier?: 'full' | 'structural';
+  /** how a structural trace reduced numbers and booleans */
+  structural?: StructuralOptions;
   /** when the trace expires (epoch ms); absent in traces written before retention: see trace/retention.ts */
   expiresAt?: number;
   /** pinned with `mitm-replay keep`: never expires */

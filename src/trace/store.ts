@@ -44,7 +44,8 @@ export class TraceStore {
   private constructor(private readonly db: Level<string, Buffer>) {}
 
   static async open(path: string, options: StoreOptions = {}): Promise<TraceStore> {
-    const compression = options.compression ?? true;
+    // MITM_REPLAY_STORE_COMPRESSION=0 switches Snappy off (tests that scan the files for plaintext use it).
+    const compression = options.compression ?? process.env.MITM_REPLAY_STORE_COMPRESSION !== '0';
     const db = new Level<string, Buffer>(path, { keyEncoding: 'utf8', valueEncoding: 'buffer', compression } as never);
     try {
       await db.open();
@@ -128,6 +129,26 @@ export class TraceStore {
     const hash = createHash('sha256').update(content).digest('hex');
     if ((await this.db.get(key.blob(hash))) === undefined) await this.db.put(key.blob(hash), content);
     return hash;
+  }
+
+  /** Deletes a trace's replay reports; returns how many there were. */
+  async deleteReports(name: string): Promise<number> {
+    let count = 0;
+    for await (const k of this.db.keys(key.reportRange(name))) {
+      await this.db.del(k);
+      count++;
+    }
+    return count;
+  }
+
+  /**
+   * Compacts the whole key space: values that were overwritten or deleted leave the files on disk (LevelDB
+   * otherwise keeps them in older tables and the write-ahead log until a compaction happens to reach them).
+   */
+  async compact(): Promise<void> {
+    await this.flushQueue();
+    // `level` re-exports classic-level's ClassicLevel on Node, whose compactRange its types leave out.
+    await (this.db as unknown as { compactRange(start: string, end: string): Promise<void> }).compactRange('', '\xff');
   }
 
   async blobHashes(): Promise<string[]> {

@@ -1,0 +1,37 @@
+import { toStructural } from '../capture/recorder.js';
+import { collectGarbage, expiryFor, type RetentionPolicy } from './retention.js';
+import { DEFAULT_STRUCTURAL } from './structural.js';
+import type { StoredExchange, TraceMeta } from './schema.js';
+import type { TraceStore } from './store.js';
+
+export class TierError extends Error {}
+
+export interface ConversionResult {
+  name: string;
+  exchanges: number;
+  deletedReports: number;
+  droppedWorkspace: boolean;
+  deletedBlobs: number;
+}
+
+/**
+ * full → structural, one way: every exchange is rewritten as its shape, the replay reports (which quote request
+ * values) and the workspace snapshot (file contents) are dropped, blobs nothing else refers to are deleted, and
+ * LevelDB is compacted so the old values leave the files on disk, not just the index.
+ */
+export async function convertToStructural(store: TraceStore, name: string, policy: RetentionPolicy): Promise<ConversionResult> {
+  const meta = await store.getTrace(name);
+  if (!meta) throw new TierError(`no trace named '${name}' (see 'mitm-replay ls')`);
+  if (meta.tier === 'structural') throw new TierError(`trace '${name}' is already structural`);
+  const options = DEFAULT_STRUCTURAL;
+  const exchanges: StoredExchange[] = [];
+  for await (const exchange of store.exchanges(name)) exchanges.push(exchange);
+  for (const exchange of exchanges) await store.putExchange(name, toStructural(exchange, options));
+  const deletedReports = await store.deleteReports(name);
+  const updated: TraceMeta = { ...meta, tier: 'structural', structural: options, expiresAt: meta.kept ? meta.expiresAt : expiryFor(policy, meta.createdAt, 'structural') };
+  delete updated.workspace;
+  await store.putTrace(updated);
+  const { deletedBlobs } = await collectGarbage(store, null, new Set());
+  await store.compact();
+  return { name, exchanges: exchanges.length, deletedReports, droppedWorkspace: meta.workspace !== undefined, deletedBlobs };
+}
