@@ -41,7 +41,7 @@ export async function traceRecords(store: TraceStore, name: string): Promise<Exc
   return records;
 }
 
-function storeReader(store: TraceStore): TraceReader {
+export function storeReader(store: TraceStore): TraceReader {
   const resolve = async (name: string) => (name === 'last' ? ((await store.latestTraceName()) ?? '') : name);
   return {
     list: () => listTraces(store),
