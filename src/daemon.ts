@@ -18,8 +18,7 @@ import { FORMAT_VERSION, defaultTraceName, encodeExchange, isValidTraceName, typ
 import { listTraces, traceRecords } from './trace/reader.js';
 import { BundleError, importBundle, parseBundle } from './trace/bundle.js';
 import { convertToStructural, TierError, type ConversionResult } from './trace/tiers.js';
-import { DEFAULT_STRUCTURAL } from './trace/structural.js';
-import { RetentionConfigError, collectGarbage, expiresAt, expiryFor, isExpired, loadRetention, type RetentionPolicy } from './trace/retention.js';
+import { RetentionConfigError, loadStructuralOptions, collectGarbage, expiresAt, expiryFor, isExpired, loadRetention, type RetentionPolicy } from './trace/retention.js';
 import type { FileChange } from './launch/workspace.js';
 import type { ReplayOutcome } from './replay/verdict.js';
 import { TraceStore, type TraceSummary } from './trace/store.js';
@@ -301,7 +300,7 @@ export class Daemon {
     const busy = this.sessions.all().some((s) => (s.target.kind === 'record' ? s.target.writer.name : s.target.player.trace) === trace);
     if (busy || trace === this.anonymousTraceName) throw new DaemonError(`trace '${trace}' is in use by a live session; end it first`, 409);
     try {
-      return await convertToStructural(this.store, trace, this.retention);
+      return await convertToStructural(this.store, trace, this.retention, loadStructuralOptions(this.options.home));
     } catch (err) {
       if (err instanceof TierError) throw new DaemonError(err.message, 400);
       throw err;
@@ -369,7 +368,7 @@ export class Daemon {
     if (this.sessions.get(name)) throw new DaemonError(`trace '${name}' is being recorded by a live session: pick another name with --trace`, 409);
     if (name === this.anonymousTraceName) throw new DaemonError(`trace '${name}' is the daemon's trace for anonymous traffic: pick another name with --trace`, 409);
     const tier = request.tier ?? 'full';
-    const tierMeta: Partial<TraceMeta> = tier === 'structural' ? { tier, structural: DEFAULT_STRUCTURAL, expiresAt: expiryFor(this.retention, Date.now(), 'structural') } : {};
+    const tierMeta: Partial<TraceMeta> = tier === 'structural' ? { tier, structural: loadStructuralOptions(this.options.home), expiresAt: expiryFor(this.retention, Date.now(), 'structural') } : {};
     const writer = await this.openWriter(name, { source: request.source ?? 'env', command: request.command, cwd: request.cwd, ...tierMeta }, request.force ? 'replace' : 'refuse');
     this.log.info({ trace: name, source: request.source }, 'session started');
     return this.addSession(name, { kind: 'record', writer }, request);

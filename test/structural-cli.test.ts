@@ -67,13 +67,17 @@ describe('structural tier', () => {
     expect(back.stderr).toContain('one way');
   });
 
-  it('record --tier structural never puts a payload on disk', async () => {
+  it('record --tier structural never puts a payload on disk; numbers are zeroed when config.json says so', async () => {
     const home = fx.freshHome();
+    writeFileSync(join(home, 'config.json'), JSON.stringify({ structural: { numbers: 'zero' } }));
     const { dir, canary } = await workspaceWithCanary();
     const rec = await runCli(['record', '--home', home, '--trace', 'born-structural', '--tier', 'structural', ...routing(), '--', python, agent], { cwd: dir, env });
     expect(rec.code).toBe(1);
     expect(storeBytes(home)).not.toContain(canary);
     const shown = await runCli(['show', 'born-structural', '--home', home]);
     expect(shown.stdout).toContain('GET https://tools.example.test/tool/weather');
+    const tool = await runCli(['show', 'born-structural', '--exchange', '1', '--home', home]);
+    expect(tool.stdout).toMatch(/"temperatureC": 0\b/);
+    expect(tool.stdout).not.toContain(canary);
   });
 });

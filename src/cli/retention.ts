@@ -1,7 +1,7 @@
 import { UsageError, flag, has, parseArgs } from './args.js';
 import { DaemonClient, DaemonClientError } from '../daemon-client.js';
 import { homePaths, resolveHome } from '../home.js';
-import { collectGarbage, expiryFor, loadRetention, RetentionConfigError, type GcResult } from '../trace/retention.js';
+import { collectGarbage, expiryFor, loadRetention, loadStructuralOptions, RetentionConfigError, type GcResult } from '../trace/retention.js';
 import { isValidTraceName, type TraceMeta } from '../trace/schema.js';
 import { TraceStore } from '../trace/store.js';
 import { TierError, convertToStructural, type ConversionResult } from '../trace/tiers.js';
@@ -106,7 +106,7 @@ export async function runTier(argv: string[]): Promise<number> {
     (client) => client.request('POST', `/traces/${encodeURIComponent(name)}/tier`, { tier }),
     async (store) => {
       const resolved = name === 'last' ? ((await store.latestTraceName()) ?? name) : name;
-      return convertToStructural(store, resolved, loadRetention(home));
+      return convertToStructural(store, resolved, loadRetention(home), loadStructuralOptions(home));
     },
   );
   const dropped = [result.deletedReports > 0 ? `${result.deletedReports} replay report(s)` : '', result.droppedWorkspace ? 'the workspace snapshot' : ''].filter(Boolean);

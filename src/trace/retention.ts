@@ -1,6 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { TraceMeta } from './schema.js';
+import { DEFAULT_STRUCTURAL, type StructuralOptions } from './structural.js';
 import type { TraceStore } from './store.js';
 
 /**
@@ -38,6 +39,27 @@ export function loadRetention(home: string): RetentionPolicy {
   const days = config.retention?.structuralDays ?? DEFAULT_RETENTION.structuralDays;
   if (typeof days !== 'number' || !(days > 0)) throw new RetentionConfigError(`${file}: retention.structuralDays must be a positive number of days`);
   return { fullHours: hours, structuralDays: days };
+}
+
+/**
+ * How a structural trace reduces numbers and booleans (HOME/config.json), e.g.
+ *   { "structural": { "numbers": "zero", "booleans": "keep" } }
+ */
+export function loadStructuralOptions(home: string): StructuralOptions {
+  const file = join(home, 'config.json');
+  let config: { structural?: { numbers?: unknown; booleans?: unknown } };
+  try {
+    config = JSON.parse(readFileSync(file, 'utf8')) as typeof config;
+  } catch (err) {
+    if ((err as { code?: string }).code === 'ENOENT') return DEFAULT_STRUCTURAL;
+    throw new RetentionConfigError(`${file} is not valid JSON (${(err as Error).message}); fix or remove it`);
+  }
+  const pick = (value: unknown, name: string): 'keep' | 'zero' => {
+    if (value === undefined) return DEFAULT_STRUCTURAL[name as keyof StructuralOptions];
+    if (value !== 'keep' && value !== 'zero') throw new RetentionConfigError(`${file}: structural.${name} must be "keep" or "zero"`);
+    return value;
+  };
+  return { numbers: pick(config.structural?.numbers, 'numbers'), booleans: pick(config.structural?.booleans, 'booleans') };
 }
 
 /** When a trace of `tier` created (or imported) at `from` expires under the policy. */

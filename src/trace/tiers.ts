@@ -1,6 +1,6 @@
 import { toStructural } from '../capture/recorder.js';
 import { collectGarbage, expiryFor, type RetentionPolicy } from './retention.js';
-import { DEFAULT_STRUCTURAL } from './structural.js';
+import { DEFAULT_STRUCTURAL, type StructuralOptions } from './structural.js';
 import type { StoredExchange, TraceMeta } from './schema.js';
 import type { TraceStore } from './store.js';
 
@@ -19,11 +19,10 @@ export interface ConversionResult {
  * values) and the workspace snapshot (file contents) are dropped, blobs nothing else refers to are deleted, and
  * LevelDB is compacted so the old values leave the files on disk, not just the index.
  */
-export async function convertToStructural(store: TraceStore, name: string, policy: RetentionPolicy): Promise<ConversionResult> {
+export async function convertToStructural(store: TraceStore, name: string, policy: RetentionPolicy, options: StructuralOptions = DEFAULT_STRUCTURAL): Promise<ConversionResult> {
   const meta = await store.getTrace(name);
   if (!meta) throw new TierError(`no trace named '${name}' (see 'mitm-replay ls')`);
   if (meta.tier === 'structural') throw new TierError(`trace '${name}' is already structural`);
-  const options = DEFAULT_STRUCTURAL;
   const exchanges: StoredExchange[] = [];
   for await (const exchange of store.exchanges(name)) exchanges.push(exchange);
   for (const exchange of exchanges) await store.putExchange(name, toStructural(exchange, options));
