@@ -2,9 +2,9 @@ import { writeFileSync, renameSync } from 'node:fs';
 import { UsageError, flag, has, parseArgs } from './args.js';
 import { resolveHome } from '../home.js';
 import { BundleError, exportBundle } from '../trace/bundle.js';
-import { openTraceReader } from '../trace/reader.js';
+import { openTraceReader, readWholeTrace } from '../trace/reader.js';
 import { traceToHar } from '../trace/har.js';
-import { isValidTraceName, type StoredExchange } from '../trace/schema.js';
+import { isValidTraceName } from '../trace/schema.js';
 
 export const EXPORT_HELP = `usage: mitm-replay export NAME|last (--bundle FILE | --har FILE) [--home DIR]
 
@@ -47,13 +47,9 @@ export async function runExport(argv: string[]): Promise<number> {
       process.stderr.write(`mitm-replay: exported trace ${meta.name} (${exchanges} records, ${bytes.length} bytes) to ${bundleFile}\n`);
     }
     if (harFile) {
-      const meta = await reader.meta(name);
-      if (!meta) throw new BundleError(`no trace named '${name}' (see 'mitm-replay ls')`);
-      const exchanges: StoredExchange[] = [];
-      for (const record of await reader.records(meta.name)) {
-        const exchange = await reader.exchange(meta.name, record.seq);
-        if (exchange) exchanges.push(exchange);
-      }
+      const whole = await readWholeTrace(reader, name);
+      if (!whole) throw new BundleError(`no trace named '${name}' (see 'mitm-replay ls')`);
+      const { meta, exchanges } = whole;
       const har = traceToHar(meta, exchanges) as { log: { entries: unknown[] } };
       writeWhole(harFile, Buffer.from(`${JSON.stringify(har, null, 2)}\n`));
       process.stderr.write(`mitm-replay: exported trace ${meta.name} as HAR (${har.log.entries.length} entries) to ${harFile}\n`);

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { gunzipSync, gzipSync } from 'node:zlib';
-import type { TraceReader } from './reader.js';
+import { readWholeTrace, type TraceReader } from './reader.js';
 import { decodeExchange, encodeExchange, isValidTraceName, type StoredExchange, type TraceMeta } from './schema.js';
 import type { TraceStore } from './store.js';
 import { dedupe } from './chunking.js';
@@ -65,13 +65,9 @@ function workspaceBlobHashes(meta: TraceMeta, snapshot: Buffer | undefined): str
 }
 
 export async function exportBundle(reader: TraceReader, name: string): Promise<{ bytes: Buffer; meta: TraceMeta; exchanges: number }> {
-  const meta = await reader.meta(name);
-  if (!meta) throw new BundleError(`no trace named '${name}' (see 'mitm-replay ls')`);
-  const exchanges: StoredExchange[] = [];
-  for (const record of await reader.records(meta.name)) {
-    const exchange = await reader.exchange(meta.name, record.seq);
-    if (exchange) exchanges.push(exchange);
-  }
+  const whole = await readWholeTrace(reader, name);
+  if (!whole) throw new BundleError(`no trace named '${name}' (see 'mitm-replay ls')`);
+  const { meta, exchanges } = whole;
   const blobs = new Map<string, Buffer>();
   const snapshot = meta.workspace ? await reader.blob(meta.workspace.snapshot) : undefined;
   for (const hash of workspaceBlobHashes(meta, snapshot)) {

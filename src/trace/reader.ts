@@ -79,3 +79,15 @@ export async function openTraceReader(home: string): Promise<TraceReader> {
   const client = await DaemonClient.find(paths.stateFile);
   return client ? clientReader(client) : storeReader(await TraceStore.open(paths.store));
 }
+
+/** A trace's metadata and every exchange, through any reader; undefined when there is no such trace. */
+export async function readWholeTrace(reader: TraceReader, name: string): Promise<{ meta: TraceMeta; exchanges: StoredExchange[] } | undefined> {
+  const meta = await reader.meta(name);
+  if (!meta) return undefined;
+  const exchanges: StoredExchange[] = [];
+  for (const record of await reader.records(meta.name)) {
+    const exchange = await reader.exchange(meta.name, record.seq);
+    if (exchange) exchanges.push(exchange);
+  }
+  return { meta, exchanges };
+}
