@@ -15,7 +15,7 @@ import { runTrustCa } from './trust-ca.js';
 import { VERSION } from '../daemon.js';
 import { DaemonError } from '../daemon.js';
 import { DaemonClientError } from '../daemon-client.js';
-import { StoreLockedError } from '../trace/store.js';
+import { StoreFormatError, StoreLockedError } from '../trace/store.js';
 
 const HELP = `usage: mitm-replay <command> [options]
 
@@ -80,7 +80,7 @@ export async function main(argv: string[]): Promise<number> {
       process.stderr.write(`mitm-replay: ${err.message}\n`);
       return 2;
     }
-    if (err instanceof DaemonError || err instanceof DaemonClientError || err instanceof StoreLockedError || (err as Error).name === 'RedactionRulesError') {
+    if (err instanceof DaemonError || err instanceof DaemonClientError || err instanceof StoreLockedError || err instanceof StoreFormatError || (err as Error).name === 'RedactionRulesError') {
       process.stderr.write(`mitm-replay: ${command}: ${(err as Error).message}\n`);
       return 1;
     }

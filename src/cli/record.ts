@@ -4,6 +4,7 @@ import { connectDaemon, exitCodeOf, runChild, sessionEnvironment, type Backend, 
 import { Redactor, buildRuleSet } from '../capture/redact.js';
 import { RECORD_WORKSPACE_FLAGS, RECORD_WORKSPACE_HELP, captureWorkspace, recordWorkspaceOptions, workspaceChanges, type RecordWorkspace } from '../launch/run-workspace.js';
 import { WorkspaceTooLargeError } from '../launch/workspace.js';
+import { StoreFormatError } from '../trace/store.js';
 import { DaemonError } from '../daemon.js';
 import { DaemonClientError } from '../daemon-client.js';
 import type { TraceSummary } from '../trace/store.js';
@@ -103,7 +104,7 @@ export async function runRecord(argv: string[]): Promise<number> {
   } catch (err) {
     await backend?.abort().catch(() => undefined);
     await access?.close().catch(() => undefined);
-    if (err instanceof UsageError || err instanceof DaemonError || err instanceof DaemonClientError || err instanceof WorkspaceTooLargeError) {
+    if (err instanceof UsageError || err instanceof DaemonError || err instanceof DaemonClientError || err instanceof WorkspaceTooLargeError || err instanceof StoreFormatError) {
       process.stderr.write(`mitm-replay: ${err instanceof WorkspaceTooLargeError ? 'record: ' : ''}${err.message}\n`);
       return RECORD_SETUP_FAILURE;
     }

@@ -4,6 +4,7 @@ import { DAEMON_FLAGS, DAEMON_FLAGS_HELP, daemonOptionsFrom } from './daemon-opt
 import { connectDaemon, exitCodeOf, runChild, sessionEnvironment, type Backend, type DaemonAccess } from './launch.js';
 import { REPLAY_WORKSPACE_FLAGS, REPLAY_WORKSPACE_HELP, prepareReplayWorkspace, removeSandbox, replayOutcome } from '../launch/run-workspace.js';
 import type { TraceMeta } from '../trace/schema.js';
+import { StoreFormatError } from '../trace/store.js';
 import { DaemonError } from '../daemon.js';
 import { DaemonClientError } from '../daemon-client.js';
 import { InterceptListError, parseInterceptList } from '../proxy/intercept.js';
@@ -136,7 +137,7 @@ export async function withReplayContext<T>(command: string, args: ParsedArgs, tr
   try {
     access = await connectDaemon(args, command);
   } catch (err) {
-    if (err instanceof DaemonError || err instanceof DaemonClientError) throw new UsageError(`${command}: ${err.message}`);
+    if (err instanceof DaemonError || err instanceof DaemonClientError || err instanceof StoreFormatError) throw new UsageError(`${command}: ${err.message}`);
     throw err;
   }
   try {

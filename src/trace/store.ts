@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { Level } from 'level';
-import { decodeExchange, encodeExchange, type ExchangeRecord, type StoredExchange, type TraceMeta } from './schema.js';
+import { FORMAT_VERSION, decodeExchange, encodeExchange, type ExchangeRecord, type StoredExchange, type TraceMeta } from './schema.js';
 
 export interface StoreOptions {
   /** LevelDB's Snappy compression; switched off by tests that scan the files for plaintext. */
@@ -8,6 +8,26 @@ export interface StoreOptions {
 }
 
 export class StoreLockedError extends Error {}
+
+/** The store was written in a format this version cannot read. */
+export class StoreFormatError extends Error {}
+
+/** Key holding the store's format version (decimal). Stores from before it existed are version 1. */
+const FORMAT_KEY = 'v:format';
+
+/**
+ * Every store records its format version. A newer one than this code knows is refused with the reason; an
+ * older one would be migrated here (there is no older format yet: version 1 is the first).
+ */
+async function checkFormat(db: Level<string, Buffer>, path: string): Promise<void> {
+  const stored = await db.get(FORMAT_KEY);
+  const version = stored === undefined ? FORMAT_VERSION : Number(stored.toString('utf8'));
+  if (!Number.isInteger(version) || version < 1) throw new StoreFormatError(`the trace store ${path} has an unreadable format version '${stored?.toString('utf8')}'; it is damaged or not a mitm-replay store`);
+  if (version > FORMAT_VERSION) {
+    throw new StoreFormatError(`the trace store ${path} was written by a newer mitm-replay (format ${version}; this version reads ${FORMAT_VERSION}): upgrade mitm-replay, or use another --home`);
+  }
+  if (stored === undefined) await db.put(FORMAT_KEY, Buffer.from(String(FORMAT_VERSION)));
+}
 
 export interface TraceSummary {
   exchanges: number;
@@ -54,6 +74,12 @@ export class TraceStore {
       if (cause?.code === 'LEVEL_LOCKED' || /lock/i.test(cause?.message ?? '')) {
         throw new StoreLockedError(`the trace store ${path} is in use by another mitm-replay process`);
       }
+      throw err;
+    }
+    try {
+      await checkFormat(db, path);
+    } catch (err) {
+      await db.close();
       throw err;
     }
     return new TraceStore(db);
