@@ -6,9 +6,9 @@ import { LeafMinter } from './ca/leaf.js';
 import { Redactor, loadRuleSet, type RuleSet } from './capture/redact.js';
 import { TraceWriter } from './capture/recorder.js';
 import { createLogger, type Logger } from './log.js';
-import { ensureHome, type HomePaths } from './home.js';
+import { HomePermissionsError, checkHomePermissions, ensureHome, type HomePaths } from './home.js';
 import type { ConnectToRule } from './proxy/connect-to.js';
-import type { LocalResponse } from './proxy/connection.js';
+import { DEFAULT_TIMEOUTS, type ConnectionTimeouts, type LocalResponse } from './proxy/connection.js';
 import { ProxyListener } from './proxy/listener.js';
 import { SessionRegistry, type Session, type SessionTarget } from './proxy/sessions.js';
 import { ReplayError, ReplayPlayer, type ReplayOptions } from './replay/player.js';
@@ -43,6 +43,8 @@ export interface DaemonOptions {
   logger?: Logger;
   /** started by `record` for its own duration rather than as a long-running service */
   ephemeral?: boolean;
+  /** header and idle timeouts for client connections (defaults: 30 s and 300 s) */
+  timeouts?: ConnectionTimeouts;
   /** `daemon --replay NAME`: anonymous traffic replays this trace instead of recording */
   replay?: { trace: string } & ReplayOptions;
 }
@@ -157,6 +159,12 @@ export class Daemon {
 
   static async start(options: DaemonOptions): Promise<Daemon> {
     const paths = ensureHome(options.home);
+    try {
+      checkHomePermissions(paths);
+    } catch (err) {
+      if (err instanceof HomePermissionsError) throw new DaemonError(err.message, 403);
+      throw err;
+    }
     const log = options.logger ?? createLogger();
     try {
       loadRetention(options.home);
@@ -194,6 +202,7 @@ export class Daemon {
       controlAuthorized: (authorization) => self!.controlAuthorized(authorization),
       isSelf: (host, port) => self?.isSelf(host, port) ?? false,
       listenHost: () => self?.host ?? '127.0.0.1',
+      timeouts: options.timeouts ?? DEFAULT_TIMEOUTS,
     });
     const daemon = new Daemon(options, paths, store, redactor, log, pool, listener, anonymousTraceName, sessions);
     self = daemon;

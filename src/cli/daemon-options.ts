@@ -15,6 +15,8 @@ export const DAEMON_FLAGS: Record<string, FlagSpec> = {
   'upstream-ca': { value: true, repeat: true },
   trace: { value: true },
   'redact-rules': { value: true },
+  'header-timeout': { value: true },
+  'idle-timeout': { value: true },
   help: {},
 };
 
@@ -25,7 +27,9 @@ export const DAEMON_FLAGS_HELP = `  --listen HOST:PORT       address to listen o
   --connect-to H1:P1:H2:P2 send connections for H1:P1 to H2:P2, keeping SNI and Host (curl syntax; repeatable)
   --upstream-ca FILE       extra CA (PEM) trusted for upstream TLS (repeatable)
   --trace NAME             trace name ([A-Za-z0-9._-]{1,64})
-  --redact-rules FILE      redaction rules (JSON), instead of HOME/redact.json`;
+  --redact-rules FILE      redaction rules (JSON), instead of HOME/redact.json
+  --header-timeout SECONDS a client must send a complete request head within this (default 30)
+  --idle-timeout SECONDS   a client connection idle this long between requests is closed (default 300)`;
 
 export function traceNameFlag(args: ParsedArgs, command: string): string | undefined {
   const name = flag(args, 'trace');
@@ -70,7 +74,16 @@ export function daemonOptionsFrom(args: ParsedArgs, command: string, defaultPort
     if (!pem.includes('-----BEGIN CERTIFICATE-----')) throw new UsageError(`${command}: --upstream-ca ${file} holds no PEM certificate`);
     return pem;
   });
+  const seconds = (name: string, fallback: number): number => {
+    const text = flag(args, name);
+    if (text === undefined) return fallback;
+    const value = Number(text);
+    if (!/^\d+(\.\d+)?$/.test(text) || value <= 0) throw new UsageError(`${command}: --${name} must be a positive number of seconds, not '${text}'`);
+    return value * 1000;
+  };
+  const timeouts = { headerMs: seconds('header-timeout', 30), idleMs: seconds('idle-timeout', 300) };
   return {
+    timeouts,
     home: resolveHome(flag(args, 'home')),
     host,
     port: ephemeral ? 0 : address.port,

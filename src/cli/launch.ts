@@ -42,7 +42,7 @@ export async function connectDaemon(args: ParsedArgs, command: string): Promise<
   for (let attempt = 0; attempt < 50; attempt++) {
     const client = await DaemonClient.find(paths.stateFile);
     if (client) {
-      const ignored = ['listen', 'intercept', 'connect-to', 'upstream-ca', 'redact-rules'].filter((name) => args.flags.has(name));
+      const ignored = ['listen', 'intercept', 'connect-to', 'upstream-ca', 'redact-rules', 'header-timeout', 'idle-timeout'].filter((name) => args.flags.has(name));
       return {
         blobs: { put: (content) => client.putBlob(content), get: (hash) => client.getBlob(hash) },
         getTrace: (name) => client.getTrace(name),

@@ -52,7 +52,18 @@ export interface ConnectionContext {
   dispatch: (head: RequestHead, socket: net.Socket) => Promise<Dispatch> | Dispatch;
   /** connections still open, so the daemon can close them on shutdown */
   track?: (socket: net.Socket) => void;
+  timeouts?: ConnectionTimeouts;
 }
+
+/** Slow or silent clients must not hold connections forever (slowloris). */
+export interface ConnectionTimeouts {
+  /** from a request's first byte to its complete head (default 30 s): then 408 and close */
+  headerMs: number;
+  /** a keep-alive connection waiting for its next request (default 300 s): then closed */
+  idleMs: number;
+}
+
+export const DEFAULT_TIMEOUTS: ConnectionTimeouts = { headerMs: 30_000, idleMs: 300_000 };
 
 const MAX_LOCAL_BODY = 1024 * 1024;
 
@@ -111,11 +122,46 @@ export class HttpConnection {
     socket.on('close', () => {
       this.closed = true;
     });
+    // armTimers sets the idle timeout between requests; a connection idle that long is closed quietly.
+    socket.on('timeout', () => socket.destroy());
+  }
+
+  private headerTimer: NodeJS.Timeout | null = null;
+
+  /**
+   * Between requests the connection may idle (idle timeout); once a request's first bytes arrive its head must
+   * complete within the header timeout; while a request is being answered, no timeout (streams can be slow).
+   */
+  private armTimers(waiting: boolean): void {
+    const { headerMs, idleMs } = this.context.timeouts ?? DEFAULT_TIMEOUTS;
+    if (!waiting) {
+      this.socket.setTimeout(0);
+      this.clearHeaderTimer();
+      return;
+    }
+    if (this.parser.hasBufferedBytes) {
+      this.socket.setTimeout(0);
+      this.headerTimer ??= setTimeout(() => {
+        this.context.log.debug('request head not complete in time');
+        this.socket.end(localResponseBytes({ status: 408, body: `mitm-replay: the request head did not arrive within ${headerMs / 1000} s\n`, close: true }));
+        this.socket.destroySoon?.();
+      }, headerMs);
+    } else {
+      this.clearHeaderTimer();
+      this.socket.setTimeout(idleMs);
+    }
+  }
+
+  private clearHeaderTimer(): void {
+    if (this.headerTimer) clearTimeout(this.headerTimer);
+    this.headerTimer = null;
   }
 
   async run(): Promise<void> {
     const iterator = this.socket.iterator({ destroyOnReturn: false });
     let exchange: RequestHandler | null = null;
+    this.socket.once('close', () => this.clearHeaderTimer());
+    this.armTimers(true);
     try {
       for await (const chunk of iterator as AsyncIterable<Buffer>) {
         let queue: ParseEvent<RequestHead>[];
@@ -128,6 +174,7 @@ export class HttpConnection {
         while (queue.length > 0) {
           const event = queue.shift()!;
           if (event.type === 'head') {
+            this.armTimers(false);
             const decided = this.context.dispatch(event.head, this.socket);
             const dispatch = decided instanceof Promise ? await decided : decided;
             if (dispatch.kind === 'handoff') {
@@ -163,6 +210,7 @@ export class HttpConnection {
             }
           }
         }
+        this.armTimers(exchange === null);
       }
       // Client closed its side.
       exchange?.clientGone();

@@ -4,7 +4,7 @@ import { recordConnectionError, recordTunnel, type TraceWriter } from '../captur
 import type { LeafMinter } from '../ca/leaf.js';
 import type { Logger } from '../log.js';
 import type { Origin, Route } from '../trace/schema.js';
-import { HttpConnection, localResponseBytes, type Dispatch, type LocalResponse } from './connection.js';
+import { HttpConnection, localResponseBytes, type ConnectionTimeouts, type Dispatch, type LocalResponse } from './connection.js';
 import { headerValue, type RequestHead } from './http1.js';
 import { isIntercepted } from './intercept.js';
 import { safeDecode, type SessionLookup, type SessionRegistry, type SessionTarget } from './sessions.js';
@@ -52,6 +52,7 @@ export interface ListenerDeps {
   anonymousTarget: () => Promise<SessionTarget>;
   control: (method: string, path: string, authorization: string | undefined, body: Buffer) => Promise<LocalResponse>;
   controlAuthorized: (authorization: string | undefined) => boolean;
+  timeouts: ConnectionTimeouts;
   /** the address clients use for the daemon itself (names the leaf served without SNI) */
   listenHost: () => string;
   /** true when host:port is this daemon's own listening address */
@@ -115,17 +116,21 @@ export class ProxyListener {
   private async accept(socket: net.Socket): Promise<void> {
     this.track(socket);
     socket.on('error', () => socket.destroy());
+    // A client that connects and says nothing is closed after the idle timeout.
+    socket.setTimeout(this.deps.timeouts.idleMs, () => socket.destroy());
     // The same port speaks TLS too, so the base-URL route can be https: clients then send exactly what they send
     // to the real origin (undici's fetch, for one, offers `br` only over https).
     const first = await firstByte(socket);
     if (first === null) return;
+    socket.setTimeout(0);
+    socket.removeAllListeners('timeout');
     let served: net.Socket = socket;
     if (first === 0x16) {
       const tlsSocket = await this.terminateTls(socket, this.deps.listenHost());
       if (!tlsSocket) return;
       served = tlsSocket;
     }
-    const connection = new HttpConnection(served, { pool: this.deps.pool, log: this.deps.log, dispatch: (head, client) => this.dispatch(head, client) });
+    const connection = new HttpConnection(served, { pool: this.deps.pool, log: this.deps.log, timeouts: this.deps.timeouts, dispatch: (head, client) => this.dispatch(head, client) });
     void connection.run();
   }
 
@@ -362,6 +367,7 @@ export class ProxyListener {
     const connection = new HttpConnection(tlsSocket, {
       pool: this.deps.pool,
       log: this.deps.log,
+      timeouts: this.deps.timeouts,
       dispatch: (head, client) => this.dispatchIntercepted(head, client, origin, session),
     });
     void connection.run();
