@@ -43,6 +43,8 @@ export interface DaemonOptions {
   logger?: Logger;
   /** started by `record` for its own duration rather than as a long-running service */
   ephemeral?: boolean;
+  /** listening beyond loopback was asked for (--allow-remote): every request then needs session credentials */
+  requireCredentials?: boolean;
   /** header and idle timeouts for client connections (defaults: 30 s and 300 s) */
   timeouts?: ConnectionTimeouts;
   /** `daemon --replay NAME`: anonymous traffic replays this trace instead of recording */
@@ -203,6 +205,7 @@ export class Daemon {
       isSelf: (host, port) => self?.isSelf(host, port) ?? false,
       listenHost: () => self?.host ?? '127.0.0.1',
       timeouts: options.timeouts ?? DEFAULT_TIMEOUTS,
+      requireCredentials: options.requireCredentials ?? false,
     });
     const daemon = new Daemon(options, paths, store, redactor, log, pool, listener, anonymousTraceName, sessions);
     self = daemon;

@@ -80,3 +80,28 @@ describe('session credentials', () => {
     await expect(h.daemon.registerSession({ trace: 'taken', source: 'env' })).rejects.toThrow(/already exists/);
   });
 });
+
+describe('a daemon listening beyond loopback (--allow-remote)', () => {
+  it('refuses anonymous traffic on every route and serves sessions', async () => {
+    const remote = await startHarness({ requireCredentials: true });
+    try {
+      const anonymous = [
+        `CONNECT tools.example.test:443 HTTP/1.1\r\nHost: tools.example.test:443\r\n\r\n`,
+        `GET http://tools.example.test/echo HTTP/1.1\r\nHost: tools.example.test\r\n\r\n`,
+        `GET /__mitm-replay/b/-/https/api.openai.com/v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n`,
+      ];
+      for (const text of anonymous) {
+        const answer = await rawExchange(remote.daemon.port, text);
+        expect(answer).toMatch(/^HTTP\/1\.1 407 /);
+        expect(answer).toContain('--allow-remote');
+      }
+      const s = await remote.daemon.registerSession({ trace: 'remote-ok', source: 'env' });
+      const agent = new TunnelAgent(remote.daemon.port, basicAuth(s.trace, s.token));
+      const res = await request('https://tools.example.test/echo', { agent, ca: remote.caPem });
+      agent.destroy();
+      expect(res.status).toBe(200);
+    } finally {
+      await remote.close();
+    }
+  });
+});

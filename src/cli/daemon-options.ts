@@ -1,5 +1,5 @@
 import { readFileSync } from 'node:fs';
-import { UsageError, flag, flagAll, type FlagSpec, type ParsedArgs } from './args.js';
+import { UsageError, flag, flagAll, has, type FlagSpec, type ParsedArgs } from './args.js';
 import { ConnectToError, parseConnectTo } from '../proxy/connect-to.js';
 import { InterceptListError, parseInterceptList } from '../proxy/intercept.js';
 import { parseAuthority } from '../proxy/listener.js';
@@ -17,10 +17,12 @@ export const DAEMON_FLAGS: Record<string, FlagSpec> = {
   'redact-rules': { value: true },
   'header-timeout': { value: true },
   'idle-timeout': { value: true },
+  'allow-remote': {},
   help: {},
 };
 
-export const DAEMON_FLAGS_HELP = `  --listen HOST:PORT       address to listen on (default 127.0.0.1:8877; loopback only)
+export const DAEMON_FLAGS_HELP = `  --listen HOST:PORT       address to listen on (default 127.0.0.1:8877; loopback unless --allow-remote)
+  --allow-remote           allow a non-loopback --listen; every request then needs session credentials
   --home DIR               where the CA, traces and state live (default $MITM_REPLAY_HOME or ~/.mitm-replay)
   --intercept LIST         hosts to decrypt: '+host,+*.corp.example' adds to the LLM API defaults,
                            a list without '+' replaces them, '*' decrypts everything
@@ -47,8 +49,9 @@ export function daemonOptionsFrom(args: ParsedArgs, command: string, defaultPort
   const address = parseAuthority(ephemeral ? `${listen.slice(0, -2)}:1` : listen);
   if (!address) throw new UsageError(`${command}: --listen '${listen}' is not HOST:PORT (example: 127.0.0.1:8877)`);
   const host = address.host;
-  if (!isLoopback(host)) {
-    throw new UsageError(`${command}: --listen ${listen} is not a loopback address; mitm-replay only listens on 127.0.0.1 or ::1`);
+  const remote = !isLoopback(host);
+  if (remote && !has(args, 'allow-remote')) {
+    throw new UsageError(`${command}: --listen ${listen} is not a loopback address; add --allow-remote to listen there (every request then needs session credentials)`);
   }
   let intercept: string[];
   try {
@@ -84,6 +87,7 @@ export function daemonOptionsFrom(args: ParsedArgs, command: string, defaultPort
   const timeouts = { headerMs: seconds('header-timeout', 30), idleMs: seconds('idle-timeout', 300) };
   return {
     timeouts,
+    requireCredentials: remote,
     home: resolveHome(flag(args, 'home')),
     host,
     port: ephemeral ? 0 : address.port,

@@ -53,6 +53,8 @@ export interface ListenerDeps {
   control: (method: string, path: string, authorization: string | undefined, body: Buffer) => Promise<LocalResponse>;
   controlAuthorized: (authorization: string | undefined) => boolean;
   timeouts: ConnectionTimeouts;
+  /** every request must carry session credentials (a daemon listening beyond loopback, --allow-remote) */
+  requireCredentials?: boolean;
   /** the address clients use for the daemon itself (names the leaf served without SNI) */
   listenHost: () => string;
   /** true when host:port is this daemon's own listening address */
@@ -222,6 +224,14 @@ export class ProxyListener {
     for (const socket of this.sockets) socket.destroy();
   }
 
+  /** A daemon reachable beyond loopback serves sessions only: anonymous traffic is refused. */
+  private authorize(lookup: SessionLookup): SessionLookup {
+    if (lookup.kind === 'anonymous' && this.deps.requireCredentials) {
+      return { kind: 'rejected', reason: "this daemon listens beyond loopback (--allow-remote): every request needs session credentials (see 'mitm-replay env --trace NAME')" };
+    }
+    return lookup;
+  }
+
   private async targetFor(lookup: SessionLookup): Promise<SessionTarget> {
     return lookup.kind === 'session' ? lookup.session.target : this.deps.anonymousTarget();
   }
@@ -272,7 +282,7 @@ export class ProxyListener {
   }
 
   private async dispatchAbsolute(head: RequestHead, socket: net.Socket): Promise<Dispatch> {
-    const lookup = this.deps.sessions.checkProxyAuthorization(headerValue(head, 'proxy-authorization'));
+    const lookup = this.authorize(this.deps.sessions.checkProxyAuthorization(headerValue(head, 'proxy-authorization')));
     if (lookup.kind === 'rejected') return { kind: 'local', respond: () => proxyAuthRequired(lookup.reason) };
     let url: URL;
     try {
@@ -308,6 +318,7 @@ export class ProxyListener {
       const colon = credentials!.indexOf(':');
       lookup = colon < 0 ? { kind: 'rejected', reason: 'malformed session in base-URL route' } : this.deps.sessions.check(safeDecode(credentials!.slice(0, colon)), safeDecode(credentials!.slice(colon + 1)));
     }
+    lookup = this.authorize(lookup);
     if (lookup.kind === 'rejected') return { kind: 'local', respond: () => proxyAuthRequired(lookup.reason) };
     const scheme = schemeText as 'http' | 'https';
     const parsed = parseAuthority(authority!, defaultPort(scheme));
@@ -326,7 +337,7 @@ export class ProxyListener {
   }
 
   private async dispatchConnect(head: RequestHead): Promise<Dispatch> {
-    const lookup = this.deps.sessions.checkProxyAuthorization(headerValue(head, 'proxy-authorization'));
+    const lookup = this.authorize(this.deps.sessions.checkProxyAuthorization(headerValue(head, 'proxy-authorization')));
     if (lookup.kind === 'rejected') return { kind: 'local', respond: () => proxyAuthRequired(lookup.reason) };
     const target = parseAuthority(head.target);
     if (!target) return refuse(400, `CONNECT target '${head.target.slice(0, 200)}' is not host:port`);
