@@ -85,6 +85,20 @@ describe('mitm-replay record -- CMD', () => {
     expect((await readTrace(home, 'two')).map((e) => e.record.kind)).toEqual(['http']);
   });
 
+  it('a failing store write: the agent still gets its response, the trace is marked broken, record and ls say so', async () => {
+    const home = freshHome();
+    const agent = agentScript('faulty.sh', `curl -sS -o ${fx.work}/faulty.out -H 'x-test-id: faulty' https://tools.example.test/echo`);
+    const result = await runCli(['record', '--home', home, '--trace', 'faulty', '--no-workspace', '--intercept', '+tools.example.test', ...routing(), '--', agent], {
+      env: { MITM_REPLAY_FAULT_EXCHANGE_WRITES: '1' },
+    });
+    expect(result.code, result.stderr).toBe(0);
+    expect(JSON.parse(readFileSync(join(fx.work, 'faulty.out'), 'utf8')).method).toBe('GET');
+    expect(result.stderr).toMatch(/WARNING: \d+ store write\(s\) failed, the trace is incomplete/);
+    const ls = await runCli(['ls', '--home', home]);
+    expect(ls.stdout).toMatch(/^faulty\s.*BROKEN \(\d+ write\(s\) failed\)$/m);
+    expect((await readMeta(home, 'faulty'))!.broken!.writeErrors).toBeGreaterThan(0);
+  });
+
   it('bad input: no command, unknown flag, bad --connect-to, bad trace name each exit 125 with one line', async () => {
     const home = freshHome();
     for (const args of [

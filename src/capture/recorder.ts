@@ -59,7 +59,9 @@ export class TraceWriter {
 
   async finish(patch: Partial<TraceMeta>): Promise<void> {
     await this.flush(true);
-    this.meta = { ...this.meta, ...patch, finishedAt: Date.now() };
+    // A trace some of whose exchanges could not be written never claims to be a complete recording.
+    const broken = this.writeErrors > 0 ? { broken: { writeErrors: this.writeErrors } } : {};
+    this.meta = { ...this.meta, ...patch, ...broken, finishedAt: Date.now() };
     await this.store.putTrace(this.meta);
   }
 }

@@ -43,9 +43,10 @@ export function formatListing(listings: TraceListing[], policy: RetentionPolicy,
     bytes(summary.bytesUp + summary.bytesDown),
     meta.command ? tail(meta.command.join(' '), 48) : `(${meta.source})`,
     meta.exitCode === undefined ? '-' : String(meta.exitCode),
-    lastVerdict ?? '-',
+    meta.broken ? `BROKEN (${meta.broken.writeErrors} write(s) failed)` : (lastVerdict ?? '-'),
   ]);
   const header = ['NAME', 'CREATED (UTC)', 'TIER', 'EXPIRES (UTC)', 'EXCHANGES', 'BYTES', 'COMMAND', 'EXIT', 'LAST VERDICT'];
+  // (a broken trace shows BROKEN in the last column: it is not a complete recording)
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
   const lines = [header, ...rows].map((r) => r.map((c, i) => c.padEnd(widths[i]!)).join('  ').trimEnd());
   if (listings.some(({ meta }) => meta.kept)) lines.push('WARNING: pinned full traces (never*) keep complete transcripts beyond the retention policy');

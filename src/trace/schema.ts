@@ -53,6 +53,8 @@ export interface TraceMeta {
   expiresAt?: number;
   /** pinned with `mitm-replay keep`: never expires */
   kept?: boolean;
+  /** some exchanges could not be written to the store: the trace is not a complete recording */
+  broken?: { writeErrors: number };
 }
 
 export interface WorkspaceMeta {

@@ -113,7 +113,12 @@ export class TraceStore {
     this.queued.clear();
     this.queuedWaiters = [];
     this.flushing = this.flushing
-      .then(() => this.db.batch(ops))
+      .then(() => {
+        // A fault-injection switch for tests only (the tests run as root, so permissions cannot make the store
+        // unwritable): exchange writes fail, everything else works.
+        if (process.env.MITM_REPLAY_FAULT_EXCHANGE_WRITES === '1') throw new Error('injected store write failure (MITM_REPLAY_FAULT_EXCHANGE_WRITES)');
+        return this.db.batch(ops);
+      })
       .then(
         () => waiters.forEach((w) => w.resolve()),
         (err: Error) => waiters.forEach((w) => w.reject(err)),
