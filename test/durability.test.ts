@@ -48,6 +48,45 @@ describe('crash safety and clean shutdown', () => {
     expect(second!.requestHead.toString()).toContain('x-test-id: cut-off');
   });
 
+  it('SIGKILL while 50 streams are recorded: completed exchanges intact (as the clients got them), the 50 marked incomplete', async () => {
+    const home = fx.freshHome();
+    const daemon = await startCliDaemon(daemonArgs('fifty'), home);
+    const ca = readFileSync(join(home, 'certs', 'ca.pem'), 'utf8');
+    const agent = new TunnelAgent(daemon.port, undefined, { maxSockets: 64 });
+    const completed: Buffer[] = [];
+    for (let i = 0; i < 5; i++) completed.push((await request(`https://tools.example.test/echo?n=${i}`, { agent, ca, headers: { 'x-test-id': `done-${i}` } })).body);
+    // 50 streams, each still running when the daemon dies
+    const firstBytes: Promise<void>[] = [];
+    const streams = Array.from({ length: 50 }, (_, i) => {
+      let started!: () => void;
+      firstBytes.push(new Promise<void>((resolve) => (started = resolve)));
+      const req = https.request('https://tools.example.test/sse-timed?frames=100&gap=100', { agent, ca, headers: { 'x-test-id': `stream-${i}` } }, (res) => {
+        res.once('data', () => started());
+        res.on('data', () => undefined);
+        res.on('error', () => undefined);
+      });
+      req.on('error', () => undefined);
+      req.end();
+      return req;
+    });
+    await Promise.all(firstBytes);
+    daemon.child.kill('SIGKILL');
+    await new Promise((r) => daemon.child.once('exit', r));
+    for (const req of streams) req.destroy();
+    agent.destroy();
+    const again = await startCliDaemon(daemonArgs('fifty'), home);
+    again.child.kill('SIGTERM');
+    expect(await new Promise((r) => again.child.once('exit', r))).toBe(0);
+    const exchanges = await readTrace(home, 'fifty');
+    const done = exchanges.filter((e) => e.record.state === 'complete');
+    expect(done).toHaveLength(5);
+    for (const [i, ex] of done.entries()) expect(ex.responseBody.equals(completed[i]!)).toBe(true);
+    const cut = exchanges.filter((e) => e.record.state === 'incomplete');
+    expect(cut).toHaveLength(50);
+    expect(cut.every((e) => e.record.error?.code === 'cut-off')).toBe(true);
+    expect(new Set(cut.map((e) => /x-test-id: (stream-\d+)/.exec(e.requestHead.toString())![1])).size).toBe(50);
+  });
+
   it('SIGTERM with a stream in flight: exit 0, the in-flight exchange is kept and marked incomplete', async () => {
     const home = fx.freshHome();
     const daemon = await startCliDaemon(daemonArgs('term'), home);
