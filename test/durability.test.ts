@@ -1,9 +1,9 @@
 import { describe, expect, it } from 'vitest';
 import { spawn } from 'node:child_process';
 import https from 'node:https';
-import { readFileSync, statSync } from 'node:fs';
+import { readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { run, startCliDaemon } from './helpers/cli.js';
+import { BIN, run, runCli, startCliDaemon } from './helpers/cli.js';
 import { readTrace, useUpstreamFixture } from './helpers/cli-fixture.js';
 import { TunnelAgent, request, startHarness } from './helpers/proxy.js';
 
@@ -85,6 +85,30 @@ describe('crash safety and clean shutdown', () => {
     expect(cut).toHaveLength(50);
     expect(cut.every((e) => e.record.error?.code === 'cut-off')).toBe(true);
     expect(new Set(cut.map((e) => /x-test-id: (stream-\d+)/.exec(e.requestHead.toString())![1])).size).toBe(50);
+  });
+
+  it('SIGKILL of `record` (its in-process daemon dies with it): the next start marks the cut-off exchange incomplete', async () => {
+    const home = fx.freshHome();
+    const script = join(fx.work, `killed-${Date.now()}.sh`);
+    writeFileSync(
+      script,
+      `#!/bin/sh\ncurl -sS -o /dev/null -H 'x-test-id: before-kill' https://tools.example.test/echo\ncurl -sS -N -H 'x-test-id: killed' 'https://tools.example.test/sse-timed?frames=100&gap=100'\n`,
+      { mode: 0o755 },
+    );
+    const child = spawn(process.execPath, [BIN, 'record', '--home', home, '--trace', 'killed', '--no-workspace', '--intercept', '+tools.example.test', ...fx.routing(), '--', script], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+      detached: true,
+    });
+    await new Promise<void>((resolve) => child.stdout!.once('data', () => resolve()));
+    process.kill(-child.pid!, 'SIGKILL');
+    await new Promise((r) => child.once('exit', r));
+    // any later start on the home recovers the store
+    expect((await runCli(['record', '--home', home, '--trace', 'after', '--no-workspace', ...fx.routing(), '--', 'true'])).code).toBe(0);
+    const exchanges = await readTrace(home, 'killed');
+    expect(exchanges.map((e) => [/x-test-id: (\S+)/.exec(e.requestHead.toString())![1], e.record.state])).toEqual([
+      ['before-kill', 'complete'],
+      ['killed', 'incomplete'],
+    ]);
   });
 
   it('SIGTERM with a stream in flight: exit 0, the in-flight exchange is kept and marked incomplete', async () => {
