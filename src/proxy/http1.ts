@@ -311,7 +311,8 @@ abstract class Http1Parser<H extends MessageHead> {
 
 export class RequestParser extends Http1Parser<RequestHead> {
   protected parseStartLine(line: string): Omit<RequestHead, keyof MessageHead> {
-    const match = /^([!#$%&'*+\-.^_`|~0-9A-Za-z]+) (\S+) (HTTP\/1\.[01])$/.exec(line);
+    // The request target is visible ASCII only (RFC 9112 section 3.2); anything else is refused, not forwarded.
+    const match = /^([!#$%&'*+\-.^_`|~0-9A-Za-z]+) ([\x21-\x7e]+) (HTTP\/1\.[01])$/.exec(line);
     if (!match) throw new HttpParseError('malformed request line', 400);
     return { kind: 'request', method: match[1]!, target: match[2]!, version: match[3]! };
   }
