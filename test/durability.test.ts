@@ -31,6 +31,7 @@ describe('crash safety and clean shutdown', () => {
     expect(done.code, done.stderr).toBe(0);
     const slow = startSlowStream(daemon.port, home, 'cut-off');
     await slow.firstBytes;
+    await new Promise((r) => setTimeout(r, 150)); // the open marker's batch (docs/decisions.md §15)
     daemon.child.kill('SIGKILL');
     await new Promise((r) => daemon.child.once('exit', r));
     await slow.exited;
