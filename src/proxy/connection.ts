@@ -374,7 +374,10 @@ class ForwardHandler implements RequestHandler {
     try {
       events = this.responseParser.push(chunk);
     } catch (err) {
-      this.failMidResponse('bad-response', `the upstream sent a malformed response: ${(err as Error).message}`);
+      const message = `the upstream sent a malformed response: ${(err as Error).message}`;
+      // Before any byte reached the client it gets a 502 saying so (as proxies do); mid-body it is cut off.
+      if (this.responseStarted) this.failMidResponse('bad-response', message);
+      else this.failBeforeResponse(new UpstreamError(message, 'bad-response', 'response'));
       return;
     }
     // What arrived in one read leaves in one write (one TLS record for head and body, not two).

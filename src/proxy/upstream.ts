@@ -17,7 +17,7 @@ export class UpstreamError extends Error {
   constructor(
     message: string,
     readonly code: string,
-    readonly phase: 'connect' | 'tls',
+    readonly phase: 'connect' | 'tls' | 'response',
   ) {
     super(message);
   }
