@@ -60,14 +60,20 @@ export function dechunk(body: Buffer): Buffer | null {
 export function decodeEntityBody(body: Buffer, transferEncoding: string | undefined, contentEncoding: string | undefined, maxOutputLength: number): Buffer {
   let entity = body;
   if (/(?:^|,)\s*chunked\s*$/i.test(transferEncoding ?? '')) entity = dechunk(body) ?? body;
-  const codings = (contentEncoding ?? '')
+  return decodeCodings(entity, contentEncoding ?? '', maxOutputLength) ?? entity;
+}
+
+/** Undoes a Content-Encoding list (codings are listed in the order applied: undone last to first); undefined
+ * when one of them does not decode. An empty or `identity` list returns the body itself. */
+export function decodeCodings(body: Buffer, contentEncoding: string, maxOutputLength: number): Buffer | undefined {
+  const codings = contentEncoding
     .split(',')
     .map((c) => c.trim().toLowerCase())
     .filter((c) => c !== '' && c !== 'identity');
-  let decoded = entity;
+  let decoded = body;
   for (let i = codings.length - 1; i >= 0; i--) {
     const next = decodeContentCoding(decoded, codings[i]!, maxOutputLength);
-    if (!next) return entity;
+    if (!next) return undefined;
     decoded = next;
   }
   return decoded;

@@ -1,5 +1,5 @@
 import { STATUS_CODES } from 'node:http';
-import { decodeContentCoding } from '../capture/content-coding.js';
+import { decodeCodings } from '../capture/content-coding.js';
 import { redactMessage } from '../capture/recorder.js';
 import { Redactor, buildRuleSet, type RuleSet } from '../capture/redact.js';
 import { requestHash } from '../replay/matcher.js';
@@ -361,17 +361,8 @@ function setContentLength(headers: Header[], length: number, lower: boolean): He
 
 /** Whether `body` decodes under the Content-Encoding codings (last applied first): i.e. it is still encoded. */
 function stillEncoded(body: Buffer, contentEncoding: string): boolean {
-  const codings = contentEncoding
-    .split(',')
-    .map((c) => c.trim().toLowerCase())
-    .filter((c) => c !== '' && c !== 'identity');
-  let current = body;
-  for (let i = codings.length - 1; i >= 0; i--) {
-    const next = decodeContentCoding(current, codings[i]!, MAX_DECODED);
-    if (!next) return false;
-    current = next;
-  }
-  return codings.length > 0;
+  const hasCoding = contentEncoding.split(',').some((c) => c.trim() !== '' && c.trim().toLowerCase() !== 'identity');
+  return hasCoding && decodeCodings(body, contentEncoding, MAX_DECODED) !== undefined;
 }
 
 function prepareRequestHeaders(all: Header[], host: string, body: Buffer): { headers: Header[]; dropped: string[]; pseudo: boolean; flags: string[] } {
