@@ -53,8 +53,8 @@ describe('portable bundles', () => {
 
   it('a tampered or truncated bundle is refused with one line; a different trace is not overwritten without --force', async () => {
     const home = fx.freshHome();
-    expect((await runCli(['record', '--home', home, '--trace', 'one', '--no-workspace', '--intercept', '+tools.example.test', ...fx.routing(), '--', process.execPath, agent], { env })).code).toBe(0);
-    expect((await runCli(['record', '--home', home, '--trace', 'two', '--no-workspace', '--intercept', '+tools.example.test', ...fx.routing(), '--', process.execPath, agent], { env: { ...env, AGENT_VARIANT: '!' } })).code).toBe(0);
+    expect((await runCli(['record', '--home', home, '--trace', 'one', '--no-workspace', '--intercept', '+tools.example.test', ...fx.routing(), '--', process.execPath, agent], { env, cwd: fx.work })).code).toBe(0);
+    expect((await runCli(['record', '--home', home, '--trace', 'two', '--no-workspace', '--intercept', '+tools.example.test', ...fx.routing(), '--', process.execPath, agent], { env: { ...env, AGENT_VARIANT: '!' }, cwd: fx.work })).code).toBe(0);
     const file = join(fx.work, 'one.bundle');
     expect((await runCli(['export', 'one', '--bundle', file, '--home', home])).code).toBe(0);
     const good = readFileSync(file);
