@@ -37,9 +37,6 @@ ${REPLAY_WORKSPACE_HELP}
 ${DAEMON_FLAGS_HELP.split('\n').filter((l) => !l.includes('--trace NAME')).join('\n')}
   --help                   this text`;
 
-/** Exit code for replay's own errors. */
-export const REPLAY_USAGE_FAILURE = 2;
-
 const { trace: _trace, ...DAEMON_FLAGS_WITHOUT_TRACE } = DAEMON_FLAGS;
 
 export const REPLAY_FLAGS: Record<string, FlagSpec> = {
