@@ -1,7 +1,7 @@
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import { readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
-import { loadOrCreateAuthority } from './ca/authority.js';
+import { NameConstraintsError, constraintsFor, loadOrCreateAuthority } from './ca/authority.js';
 import { LeafMinter } from './ca/leaf.js';
 import { Redactor, loadRuleSet, type RuleSet } from './capture/redact.js';
 import { TraceWriter } from './capture/recorder.js';
@@ -43,6 +43,8 @@ export interface DaemonOptions {
   logger?: Logger;
   /** started by `record` for its own duration rather than as a long-running service */
   ephemeral?: boolean;
+  /** a CA created now is limited (X.509 name constraints) to the intercepted hosts */
+  nameConstraints?: boolean;
   /** listening beyond loopback was asked for (--allow-remote): every request then needs session credentials */
   requireCredentials?: boolean;
   /** header and idle timeouts for client connections (defaults: 30 s and 300 s) */
@@ -176,7 +178,15 @@ export class Daemon {
     }
     const rules: RuleSet = loadRuleSet(options.redactRulesFile ?? paths.redactRules, options.redactRulesFile === undefined);
     const redactor = new Redactor(rules);
-    const ca = await loadOrCreateAuthority(options.home);
+    let constraints: string[] | undefined;
+    try {
+      constraints = options.nameConstraints ? constraintsFor(options.intercept) : undefined;
+    } catch (err) {
+      if (err instanceof NameConstraintsError) throw new DaemonError(err.message, 400);
+      throw err;
+    }
+    const ca = await loadOrCreateAuthority(options.home, { nameConstraints: constraints });
+    if (constraints && !ca.created) log.warn('name constraints apply when a CA is created; the existing CA in this home keeps what it was created with');
     const minter = new LeafMinter(ca);
     const store = await TraceStore.open(paths.store, { compression: options.storeCompression ?? process.env.MITM_REPLAY_STORE_COMPRESSION !== '0' });
     const cutOff = await store.markOpenExchangesIncomplete();

@@ -33,9 +33,9 @@ const signAsync = promisify(sign);
  * Loads certs/ca.pem + certs/ca-key.pem from the home, or creates them.
  * Also makes sure certs/bundle.pem (system roots + our CA) exists and contains our CA.
  */
-export async function loadOrCreateAuthority(home: string): Promise<CertificateAuthority> {
+export async function loadOrCreateAuthority(home: string, options: { nameConstraints?: string[] } = {}): Promise<CertificateAuthority> {
   const paths = ensureHome(home);
-  const ca = (await readAuthority(paths)) ?? (await createAuthority(paths));
+  const ca = (await readAuthority(paths)) ?? (await createAuthority(paths, options.nameConstraints));
   await ensureBundle(paths, ca.certPem);
   return ca;
 }
@@ -111,7 +111,7 @@ async function readAuthority(paths: HomePaths): Promise<CertificateAuthority | u
  * The key is committed first, and a certificate is only ever made for the committed key, so whichever certificate
  * wins belongs to the key on disk even when several processes start at once.
  */
-async function createAuthority(paths: HomePaths): Promise<CertificateAuthority> {
+async function createAuthority(paths: HomePaths, nameConstraints?: string[]): Promise<CertificateAuthority> {
   let ourCert: string | undefined;
   let keyPem = await readIfExists(paths.caKey);
   if (keyPem === undefined) {
@@ -119,7 +119,7 @@ async function createAuthority(paths: HomePaths): Promise<CertificateAuthority> 
     const ourKey = privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
     if (await commitExclusive(paths.caKey, ourKey, 0o600)) {
       keyPem = ourKey;
-      ourCert = await selfSignedCaCertificate(privateKey);
+      ourCert = await selfSignedCaCertificate(privateKey, nameConstraints);
     } else {
       keyPem = await readFile(paths.caKey, 'utf8');
     }
@@ -127,7 +127,7 @@ async function createAuthority(paths: HomePaths): Promise<CertificateAuthority> 
   // If another process committed the key, it commits its certificate milliseconds later. If it crashed in
   // between, any certificate for the committed key will do, so make one after a grace period.
   if (ourCert === undefined && (await waitForFile(paths.caCert, CERT_GRACE_MS)) === undefined) {
-    ourCert = await selfSignedCaCertificate(createPrivateKey(keyPem));
+    ourCert = await selfSignedCaCertificate(createPrivateKey(keyPem), nameConstraints);
   }
   const created = ourCert !== undefined && (await commitExclusive(paths.caCert, ourCert, 0o644));
   const ca = await readAuthority(paths); // whichever certificate won, re-read and check the pair
@@ -158,7 +158,47 @@ async function waitForFile(file: string, timeoutMs: number): Promise<string | un
   }
 }
 
-async function selfSignedCaCertificate(privateKey: KeyObject): Promise<string> {
+/**
+ * The DNS names a name-constrained CA may issue for, from an intercept policy: `api.openai.com` permits that
+ * host (and names below it), `*.corp.example` → `corp.example`; a wildcard inside a name widens to the part
+ * after it (`bedrock-runtime.*.amazonaws.com` → `amazonaws.com`). `*` cannot be constrained.
+ */
+export function constraintsFor(intercept: string[]): string[] {
+  const names = intercept.map((pattern) => {
+    if (pattern === '*') throw new NameConstraintsError("--name-constraints needs an intercept list; '*' (decrypt everything) cannot be constrained");
+    const labels = pattern.split('.');
+    const lastWildcard = labels.lastIndexOf('*');
+    return labels.slice(lastWildcard + 1).join('.');
+  });
+  return [...new Set(names.filter((n) => n.includes('.')))].sort();
+}
+
+export class NameConstraintsError extends Error {}
+
+/**
+ * X.509 NameConstraints (RFC 5280 4.2.1.10): the given dNSName subtrees, plus loopback addresses (127.0.0.0/8,
+ * ::1) so the daemon's own https base-URL route keeps working while every other IP address is refused.
+ */
+function nameConstraintsExtension(names: string[]): { id: string; critical: boolean; value: forge.asn1.Asn1 } {
+  const { asn1 } = forge;
+  const subtree = (name: forge.asn1.Asn1) => asn1.create(asn1.Class.UNIVERSAL, asn1.Type.SEQUENCE, true, [name]);
+  const bytes = (list: number[]) => String.fromCharCode(...list);
+  const loopback = [
+    bytes([127, 0, 0, 0, 255, 0, 0, 0]),
+    bytes([...Array(15).fill(0), 1, ...Array(16).fill(255)]),
+  ];
+  const subtrees = [
+    ...names.map((name) => subtree(asn1.create(asn1.Class.CONTEXT_SPECIFIC, 2, false, name))),
+    ...loopback.map((range) => subtree(asn1.create(asn1.Class.CONTEXT_SPECIFIC, 7, false, range))),
+  ];
+  return {
+    id: '2.5.29.30',
+    critical: true,
+    value: asn1.create(asn1.Class.UNIVERSAL, asn1.Type.SEQUENCE, true, [asn1.create(asn1.Class.CONTEXT_SPECIFIC, 0, true, subtrees)]),
+  };
+}
+
+async function selfSignedCaCertificate(privateKey: KeyObject, nameConstraints?: string[]): Promise<string> {
   const cert = forge.pki.createCertificate();
   cert.publicKey = forge.pki.publicKeyFromPem(createPublicKey(privateKey).export({ type: 'spki', format: 'pem' }).toString());
   cert.serialNumber = randomSerialHex();
@@ -179,7 +219,9 @@ async function selfSignedCaCertificate(privateKey: KeyObject): Promise<string> {
     { name: 'basicConstraints', cA: true, critical: true },
     { name: 'keyUsage', keyCertSign: true, cRLSign: true, critical: true },
     { name: 'subjectKeyIdentifier' },
-  ]);
+    // A constrained CA can only vouch for the intercepted hosts, whoever trusts it.
+    ...(nameConstraints && nameConstraints.length > 0 ? [nameConstraintsExtension(nameConstraints)] : []),
+  ] as never);
   return signEncoded(cert, encodeToBeSigned(cert), privateKey);
 }
 

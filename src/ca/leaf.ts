@@ -108,7 +108,8 @@ export class LeafMinter {
       cert.validity.notBefore = new Date(now - HOUR_MS);
       cert.validity.notAfter = new Date(now + this.#validityDays * DAY_MS);
       // X.520 caps a CN at 64 characters; clients match on the SAN anyway, so longer names go without a CN.
-      cert.setSubject(name.length <= 64 ? [{ shortName: 'CN', value: name, valueTagClass: UTF8_STRING }] : []);
+      // IP literals get no CN either: a name-constrained CA's DNS constraints would be applied to it.
+      cert.setSubject(name.length <= 64 && !isIP(name) ? [{ shortName: 'CN', value: name, valueTagClass: UTF8_STRING }] : []);
       const altName = isIP(name) ? { type: 7, ip: name } : { type: 2, value: name };
       cert.setExtensions([
         { name: 'basicConstraints', cA: false },

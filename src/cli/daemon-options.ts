@@ -18,11 +18,13 @@ export const DAEMON_FLAGS: Record<string, FlagSpec> = {
   'header-timeout': { value: true },
   'idle-timeout': { value: true },
   'allow-remote': {},
+  'name-constraints': {},
   help: {},
 };
 
 export const DAEMON_FLAGS_HELP = `  --listen HOST:PORT       address to listen on (default 127.0.0.1:8877; loopback unless --allow-remote)
   --allow-remote           allow a non-loopback --listen; every request then needs session credentials
+  --name-constraints       if this starts a new CA, limit it (X.509 name constraints) to the --intercept hosts
   --home DIR               where the CA, traces and state live (default $MITM_REPLAY_HOME or ~/.mitm-replay)
   --intercept LIST         hosts to decrypt: '+host,+*.corp.example' adds to the LLM API defaults,
                            a list without '+' replaces them, '*' decrypts everything
@@ -88,6 +90,7 @@ export function daemonOptionsFrom(args: ParsedArgs, command: string, defaultPort
   return {
     timeouts,
     requireCredentials: remote,
+    nameConstraints: has(args, 'name-constraints'),
     home: resolveHome(flag(args, 'home')),
     host,
     port: ephemeral ? 0 : address.port,
