@@ -47,6 +47,21 @@ async function trustCa(argv: string[], env: NodeJS.ProcessEnv = process.env) {
 const sudo = process.getuid?.() === 0 ? '' : 'sudo ';
 
 describe('trust-ca', () => {
+  itWithCertutil('--name-constraints creates a CA limited to the --intercept hosts, and installs it', async () => {
+    const dir = await tempDir();
+    const home = join(dir, 'home');
+    const db = join(dir, 'nssdb');
+    await mkdir(db);
+    await run('certutil', ['-N', '-d', `sql:${db}`, '--empty-password']);
+    const installed = await trustCa(['--home', home, '--nss-db', db, '--name-constraints', '--intercept', 'api.openai.com,*.corp.example']);
+    expect(installed.code, installed.stderr).toBe(0);
+    const text = execFileSync('openssl', ['x509', '-in', join(home, 'certs', 'ca.pem'), '-noout', '-text']).toString();
+    expect(text).toMatch(/Name Constraints: critical\s+Permitted:\s+DNS:api\.openai\.com\s+DNS:corp\.example/);
+    const bad = await trustCa(['--home', join(dir, 'other'), '--nss-db', db, '--name-constraints', '--intercept', '*']);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain('cannot be constrained');
+  });
+
   itWithCertutil('installs into and removes from a real NSS database', async () => {
     const dir = await tempDir();
     const home = join(dir, 'home');

@@ -4,10 +4,11 @@ import { accessSync, constants, existsSync, readdirSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { delimiter, join, resolve } from 'node:path';
 import { promisify } from 'node:util';
-import { certificateFingerprint, loadAuthority, loadOrCreateAuthority, type CertificateAuthority } from '../ca/authority.js';
+import { NameConstraintsError, certificateFingerprint, constraintsFor, loadAuthority, loadOrCreateAuthority, type CertificateAuthority } from '../ca/authority.js';
+import { InterceptListError, parseInterceptList } from '../proxy/intercept.js';
 import { homePaths, resolveHome } from '../home.js';
 
-const USAGE = `Usage: mitm-replay trust-ca [--home DIR] [--uninstall] [--dry-run] [--stores system,nss] [--nss-db DIR]
+const USAGE = `Usage: mitm-replay trust-ca [--home DIR] [--uninstall] [--dry-run] [--stores system,nss] [--nss-db DIR] [--name-constraints [--intercept LIST]]
 
 Installs the mitm-replay CA (creating it first if the home has none) into this machine's trust stores,
 the way mkcert -install does. Per-process trust needs no install at all: \`mitm-replay record\` and
@@ -19,6 +20,10 @@ Options:
   --dry-run        print the commands it would run and the files it would touch; change nothing
   --stores LIST    comma-separated, from: system, nss (default: every store found on this machine)
   --nss-db DIR     use exactly this NSS database (implies --stores nss unless --stores is given)
+  --name-constraints
+                   if the home has no CA yet, create one limited (X.509 name constraints) to the
+                   --intercept hosts (default: the LLM API hosts) and loopback addresses
+  --intercept LIST with --name-constraints: the hosts, as for 'mitm-replay daemon --intercept'
   -h, --help       show this help
 
 System stores: Debian/Ubuntu, Fedora/RHEL, Arch, openSUSE, macOS (root needed; sudo is used if you are not).
@@ -87,6 +92,8 @@ interface Options {
   dryRun: boolean;
   stores?: Store[];
   nssDb?: string;
+  nameConstraints?: boolean;
+  intercept?: string;
   help: boolean;
 }
 
@@ -164,6 +171,13 @@ function parseArguments(argv: string[]): Options {
       case '--stores':
         options.stores = parseStores(value());
         break;
+      case '--name-constraints':
+        noValue();
+        options.nameConstraints = true;
+        break;
+      case '--intercept':
+        options.intercept = value();
+        break;
       default:
         throw new UsageError(arg.startsWith('-') ? `unknown option ${flag}` : `unexpected argument ${JSON.stringify(arg)}`);
     }
@@ -201,7 +215,16 @@ async function trustCa(options: Options, io: TrustCaIo): Promise<number> {
     return 0;
   }
   const certPath = homePaths(home).caCert;
-  if (!ca && !options.dryRun) ca = await loadOrCreateAuthority(home);
+  if (!ca && !options.dryRun) {
+    let nameConstraints: string[] | undefined;
+    try {
+      nameConstraints = options.nameConstraints ? constraintsFor(parseInterceptList(options.intercept)) : undefined;
+    } catch (err) {
+      if (err instanceof InterceptListError || err instanceof NameConstraintsError) throw new UsageError(err.message);
+      throw err;
+    }
+    ca = await loadOrCreateAuthority(home, { nameConstraints });
+  }
   // Files and nicknames carry the fingerprint so that CAs of different homes never overwrite each other.
   const name = `mitm-replay-${ca ? certificateFingerprint(ca.certPem).slice(0, 8) : 'XXXXXXXX'}`;
 
