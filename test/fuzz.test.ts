@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import net from 'node:net';
 import tls from 'node:tls';
+import { prng } from './helpers/prng.js';
 import { TunnelAgent, request, startHarness, type Harness } from './helpers/proxy.js';
 
 /**
@@ -22,16 +23,6 @@ beforeAll(async () => {
 afterAll(async () => {
   await h?.close();
 });
-
-function prng(seed: number): () => number {
-  let x = seed >>> 0 || 1;
-  return () => {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    return (x >>> 0) / 2 ** 32;
-  };
-}
 
 const VALID = [
   'GET http://tools.example.test/echo HTTP/1.1\r\nHost: tools.example.test\r\n\r\n',

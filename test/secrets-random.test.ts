@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { brotliCompressSync, gzipSync } from 'node:zlib';
+import { prng } from './helpers/prng.js';
 import { TunnelAgent, request, startHarness, type Harness } from './helpers/proxy.js';
 
 /**
@@ -11,16 +12,6 @@ import { TunnelAgent, request, startHarness, type Harness } from './helpers/prox
  * sees plaintext) or the logs. SECRETS_SEED reproduces a run.
  */
 const SEED = Number(process.env.SECRETS_SEED ?? 7);
-
-function prng(seed: number): () => number {
-  let x = seed >>> 0 || 1;
-  return () => {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    return (x >>> 0) / 2 ** 32;
-  };
-}
 
 const rand = prng(SEED);
 const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rand() * xs.length)]!;
