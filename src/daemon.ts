@@ -138,7 +138,6 @@ export class Daemon {
   private anonymous: Promise<TraceWriter> | null = null;
   private anonymousReplay: ReplayPlayer | null = null;
   private gcTimer: NodeJS.Timeout | null = null;
-  readonly retention: RetentionPolicy;
   /** `daemon --replay`: the anonymous replay's report, once the daemon stopped */
   finalReplayReport: ReplayReport | null = null;
   private stopping: Promise<void> | null = null;
@@ -157,9 +156,8 @@ export class Daemon {
     readonly listener: ProxyListener,
     readonly anonymousTraceName: string,
     readonly sessions: SessionRegistry,
-  ) {
-    this.retention = loadRetention(options.home);
-  }
+    readonly retention: RetentionPolicy,
+  ) {}
 
   static async start(options: DaemonOptions): Promise<Daemon> {
     const paths = ensureHome(options.home);
@@ -170,8 +168,9 @@ export class Daemon {
       throw err;
     }
     const log = options.logger ?? createLogger();
+    let retention: RetentionPolicy;
     try {
-      loadRetention(options.home);
+      retention = loadRetention(options.home);
     } catch (err) {
       if (err instanceof RetentionConfigError) throw new DaemonError(err.message, 400);
       throw err;
@@ -217,7 +216,7 @@ export class Daemon {
       timeouts: options.timeouts ?? DEFAULT_TIMEOUTS,
       requireCredentials: options.requireCredentials ?? false,
     });
-    const daemon = new Daemon(options, paths, store, redactor, log, pool, listener, anonymousTraceName, sessions);
+    const daemon = new Daemon(options, paths, store, redactor, log, pool, listener, anonymousTraceName, sessions, retention);
     self = daemon;
     try {
       await daemon.listen(options.host ?? '127.0.0.1', options.port ?? 8877);
