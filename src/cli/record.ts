@@ -1,7 +1,7 @@
 import { UsageError, flag, has, parseArgs } from './args.js';
 import { DAEMON_FLAGS, DAEMON_FLAGS_HELP, daemonOptionsFrom } from './daemon-options.js';
 import { connectDaemon, exitCodeOf, runChild, sessionEnvironment, type Backend, type DaemonAccess } from './launch.js';
-import { Redactor, buildRuleSet } from '../capture/redact.js';
+import { Redactor } from '../capture/redact.js';
 import { RECORD_WORKSPACE_FLAGS, RECORD_WORKSPACE_HELP, captureWorkspace, recordWorkspaceOptions, workspaceChanges, type RecordWorkspace } from '../launch/run-workspace.js';
 import { WorkspaceTooLargeError } from '../launch/workspace.js';
 import { StoreFormatError } from '../trace/store.js';
@@ -74,8 +74,8 @@ export async function runRecord(argv: string[]): Promise<number> {
     options = daemonOptionsFrom(args, 'record', 0);
     if (args.positionals.length > 0) throw new UsageError(`record: unexpected argument '${args.positionals[0]}': put the command after '--' (mitm-replay record -- CMD ARGS)`);
     if (!args.rest || args.rest.length === 0) throw new UsageError(`record: no command given; usage: mitm-replay record [options] -- CMD [ARGS...]`);
-    // checks the workspace flags before anything starts (the redactor comes with the trace, below)
-    recordWorkspaceOptions(args, options.home, new Redactor(buildRuleSet()));
+    // the workspace flags are checked before anything starts; the redactor comes with the trace, below
+    const workspaceOptions = recordWorkspaceOptions(args, options.home);
     const tier = flag(args, 'tier') ?? 'full';
     if (tier !== 'full' && tier !== 'structural') throw new UsageError(`record: --tier must be full or structural, not '${tier}'`);
     access = await connectDaemon(args, 'record');
@@ -93,7 +93,7 @@ export async function runRecord(argv: string[]): Promise<number> {
     const meta = await access.getTrace(backend.session.trace);
     // The snapshot goes through the trace's own redaction rules, the same as its traffic.
     // A structural trace holds no payloads, so it takes no workspace snapshot (file contents are payloads).
-    const snapshotOptions = tier === 'structural' ? undefined : recordWorkspaceOptions(args, options.home, new Redactor(meta!.redaction));
+    const snapshotOptions = tier === 'structural' || !workspaceOptions ? undefined : { ...workspaceOptions, redactor: new Redactor(meta!.redaction) };
     if (snapshotOptions) {
       workspace = await captureWorkspace(snapshotOptions, access.blobs);
       await backend.setWorkspace(workspace.meta);

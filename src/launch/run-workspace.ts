@@ -55,8 +55,9 @@ export interface RecordWorkspace {
   meta: WorkspaceMeta;
 }
 
-/** The snapshot options `record` was asked for (undefined with --no-workspace). */
-export function recordWorkspaceOptions(args: ParsedArgs, home: string, redactor: Redactor): WorkspaceOptions | undefined {
+/** The snapshot options `record` was asked for (undefined with --no-workspace), checked; the caller adds the
+ * trace's redactor once the trace exists. */
+export function recordWorkspaceOptions(args: ParsedArgs, home: string): Omit<WorkspaceOptions, 'redactor'> | undefined {
   if (has(args, 'no-workspace')) {
     if (['workspace', 'include', 'exclude', 'max-workspace-mb'].some((n) => has(args, n))) throw new UsageError('record: --no-workspace cannot be combined with --workspace, --include, --exclude or --max-workspace-mb');
     return undefined;
@@ -71,7 +72,6 @@ export function recordWorkspaceOptions(args: ParsedArgs, home: string, redactor:
     exclude: flagAll(args, 'exclude'),
     skipDirs: [home],
     maxBytes: limit === undefined ? undefined : Math.round(Number(limit) * 1024 * 1024),
-    redactor,
   };
 }
 
