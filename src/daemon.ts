@@ -188,6 +188,7 @@ export class Daemon {
     if (constraints && !ca.created) log.warn('name constraints apply when a CA is created; the existing CA in this home keeps what it was created with');
     const minter = new LeafMinter(ca);
     const store = await TraceStore.open(paths.store, { compression: options.storeCompression ?? process.env.MITM_REPLAY_STORE_COMPRESSION !== '0' });
+    if (store.migration) log.info(store.migration, 'migrated the trace store to the current format');
     const cutOff = await store.markOpenExchangesIncomplete();
     if (cutOff > 0) log.warn({ exchanges: cutOff }, 'marked exchanges cut off by an earlier crash as incomplete');
     const anonymousTraceName = options.trace ?? defaultTraceName();
