@@ -13,7 +13,7 @@
  *   { type: 'stop' }                                        → stops the daemon and exits
  * Exits on its own when the parent goes away.
  */
-import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { readFileSync, readdirSync, readlinkSync, writeFileSync } from 'node:fs';
 import { Session } from 'node:inspector';
 import { join } from 'node:path';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
@@ -82,7 +82,19 @@ const handlers = {
   async counts() {
     let exchanges = 0;
     for (const meta of await daemon.store.listTraces()) exchanges += (await daemon.store.summarize(meta.name)).exchanges;
+    // what the descriptors are: sockets, pipes, files (by directory), for a leak's first clue
+    const kinds = {};
+    for (const fd of readdirSync('/proc/self/fd')) {
+      let target = 'gone';
+      try {
+        target = readlinkSync(`/proc/self/fd/${fd}`).replace(/:\[\d+\]$/, '').replace(/\/[^/]*$/, '/');
+      } catch {
+        // closed meanwhile
+      }
+      kinds[target] = (kinds[target] ?? 0) + 1;
+    }
     return {
+      fdKinds: kinds,
       fds: readdirSync('/proc/self/fd').length,
       connectionListeners: daemon.listener.server.listenerCount('connection'),
       openConnections: daemon.listener.openConnections,

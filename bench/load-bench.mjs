@@ -157,8 +157,16 @@ try {
   let expected = before.exchanges;
   console.error(`[load-bench] resting daemon: ${before.fds} fds, ${before.connectionListeners} connection listeners, RSS ${mb(before.rssMb)}`);
 
+  // after each phase, once idle connections had their time to go: descriptors per phase, to place a leak
+  const phaseFds = [];
+  const settle = async (phase) => {
+    await sleep(5000);
+    const counts = await rpc(daemon.child, 'counts');
+    phaseFds.push({ phase, fds: counts.fds, sockets: counts.fdKinds.socket ?? 0 });
+  };
   console.error('[load-bench] streams…');
   const streams = await streamsPhase(daemon, secureContext);
+  await settle('streams');
   expected += CONFIG.streamRounds * CONFIG.streams;
 
   console.error('[load-bench] knee…');
@@ -174,17 +182,19 @@ try {
     knee = levels[i];
   }
   const best = levels.reduce((a, b) => (b.rps > a.rps ? b : a));
+  await settle('knee');
 
   const rate = Math.min(CONFIG.sustainedTarget, Math.floor(best.rps * 0.8));
   console.error(`[load-bench] sustained ${rate} req/s…`);
   const sustained = await openLoop(daemon, secureContext, rate, CONFIG.sustainedMs);
   expected += sustained.sent;
+  await settle('sustained');
 
   console.error(`[load-bench] memory: ${CONFIG.memoryConnections} connections to ${CONFIG.memoryHosts} hosts…`);
   const memory = await memoryPhase(daemon, secureContext);
   expected += CONFIG.memoryConnections;
 
-  await sleep(5000);
+  await settle('memory');
   const after = await rpc(daemon.child, 'counts');
   await rpc(daemon.child, 'stop', {}, 15_000).catch(() => undefined);
 
@@ -205,6 +215,8 @@ try {
   const stored = after.exchanges - before.exchanges;
   const sent = expected - before.exchanges;
   console.log(`\nStored: ${fmt(stored)} exchanges for ${fmt(sent)} requests (${stored === sent ? 'all' : 'MISMATCH'}).`);
+  console.log(`Descriptors after each phase (5 s after it ended): ${phaseFds.map((p) => `${p.phase} ${p.fds} (${p.sockets} sockets)`).join(', ')}.`);
+  console.error(`[load-bench] descriptors before ${JSON.stringify(before.fdKinds)}, after ${JSON.stringify(after.fdKinds)}`);
   console.log(`Resting daemon before → after: fds ${before.fds} → ${after.fds}, connection listeners ${before.connectionListeners} → ${after.connectionListeners}, open connections ${before.openConnections} → ${after.openConnections}, RSS ${mb(before.rssMb)} → ${mb(after.rssMb)}.`);
   const ok = stored === sent && after.fds <= before.fds && after.connectionListeners === before.connectionListeners && after.openConnections === 0 && memory.errors === 0 && sustained.errors === 0 && streams.every((r) => !r.errors);
   console.log(ok ? '\nall checks passed' : '\nSOME CHECKS FAILED');
