@@ -20,7 +20,7 @@ import { BundleError, importBundle, parseBundle } from './trace/bundle.js';
 import { convertToStructural, TierError, type ConversionResult } from './trace/tiers.js';
 import { RetentionConfigError, loadStructuralOptions, collectGarbage, expiresAt, expiryFor, isExpired, loadRetention, type RetentionPolicy } from './trace/retention.js';
 import type { FileChange } from './launch/workspace.js';
-import type { ReplayOutcome } from './replay/verdict.js';
+import type { CompareTag, ReplayOutcome } from './replay/verdict.js';
 import { TraceStore, type TraceSummary } from './trace/store.js';
 
 export { VERSION } from './version.js';
@@ -101,6 +101,8 @@ export interface SessionResult {
   workspaceDiff?: FileChange[];
   /** replay: how the run ended compared with the recording */
   outcome?: ReplayOutcome;
+  /** replay run of `compare`: which invocation and arm (kept in the report) */
+  compare?: CompareTag;
 }
 
 export type SessionEnd =

@@ -118,7 +118,7 @@ function entry(ex: StoredExchange): unknown {
 }
 
 /** Each SSE frame with the offset (ms from the request start) of the chunk in which it completed. */
-function frameOffsets(ex: StoredExchange, frames: string[]): { offsetMs: number; data: string }[] {
+export function frameOffsets(ex: StoredExchange, frames: string[]): { offsetMs: number; data: string }[] {
   const chunks = ex.record.response?.chunks ?? [];
   const wire = ex.responseBody.toString('latin1');
   let searchFrom = 0;
