@@ -45,9 +45,20 @@ afterAll(async () => {
   await browser?.close();
 });
 
+/** Console errors (a CSP violation is one) and uncaught exceptions of a context's pages. */
+function watchErrors(context: BrowserContext): string[] {
+  const errors: string[] = [];
+  context.on('console', (message) => {
+    if (message.type() === 'error') errors.push(message.text());
+  });
+  context.on('weberror', (error) => errors.push(String(error.error())));
+  return errors;
+}
+
 /** A browser context that can reach loopback only; `offsite` collects anything else it tried. */
-async function loopbackContext(): Promise<{ context: BrowserContext; offsite: string[] }> {
+async function loopbackContext(): Promise<{ context: BrowserContext; offsite: string[]; errors: string[] }> {
   const context = await browser!.newContext({ viewport: { width: 1400, height: 1000 } });
+  const errors = watchErrors(context);
   const offsite: string[] = [];
   await context.route('**/*', (route) => {
     const url = new URL(route.request().url());
@@ -55,7 +66,7 @@ async function loopbackContext(): Promise<{ context: BrowserContext; offsite: st
     offsite.push(url.href);
     return route.abort();
   });
-  return { context, offsite };
+  return { context, offsite, errors };
 }
 
 async function ready(page: Page, hash: string): Promise<void> {
@@ -95,7 +106,7 @@ describe('mitm-replay ui in a browser', () => {
   it('without a daemon: serves the trace list and a timeline with every exchange and streamed frame', async () => {
     if (!browser) return;
     const ui = await serveUi(['viewed', '--home', home]);
-    const { context, offsite } = await loopbackContext();
+    const { context, offsite, errors } = await loopbackContext();
     try {
       expect(ui.url).toMatch(/^http:\/\/127\.0\.0\.1:\d+\/__mitm-replay\/ui\/login\?token=[\w-]+#\/trace\/viewed$/);
       const page = await context.newPage();
@@ -144,6 +155,7 @@ describe('mitm-replay ui in a browser', () => {
       await page.locator('#filter').fill('view');
       expect(await row.count()).toBe(1);
       expect(offsite).toEqual([]);
+      expect(errors).toEqual([]);
     } finally {
       await context.close();
       ui.child.kill('SIGINT');
@@ -186,7 +198,7 @@ describe('mitm-replay ui in a browser', () => {
   it('with a daemon: ui prints the daemon URL; a diverged report highlights the differing JSON path side by side', async () => {
     if (!browser) return;
     const daemon = await startCliDaemon(fx.routing(), home);
-    const { context, offsite } = await loopbackContext();
+    const { context, offsite, errors } = await loopbackContext();
     try {
       const printed = await runCli(['ui', 'viewed', '--run', runId, '--home', home]);
       expect(printed.code, printed.stderr).toBe(0);
@@ -209,8 +221,10 @@ describe('mitm-replay ui in a browser', () => {
       expect(await page.locator('#side-by-side .side').nth(0).locator('.json-line.diff').textContent()).toBe('      "content": "hi"');
       expect(await page.locator('#side-by-side .side').nth(1).locator('.json-line.diff').textContent()).toBe('      "content": "hi!"');
       expect(await page.locator('#json-diffs tbody tr').first().getAttribute('data-path')).toBe('messages[0].content');
+      expect(await page.locator('#request-diff').textContent()).not.toContain('null');
       await page.screenshot({ path: join(SHOTS, 'report-diff.png'), fullPage: true });
       expect(offsite).toEqual([]);
+      expect(errors).toEqual([]);
       expect(daemon.stderr()).not.toContain(url.split('token=')[1]!.split('#')[0]!);
     } finally {
       await context.close();
@@ -221,7 +235,9 @@ describe('mitm-replay ui in a browser', () => {
 
   it('export --html writes one self-contained file that renders the same with the network disabled', async () => {
     if (!browser) return;
-    const file = join(fx.work, 'viewed.html');
+    // kept beside the screenshots, so a reviewer can open it too
+    const file = join(SHOTS, 'viewed.html');
+    rmSync(file, { force: true });
     const exported = await runCli(['export', 'viewed', '--html', file, '--home', home]);
     expect(exported.code, exported.stderr).toBe(0);
     expect(exported.stderr).toMatch(/exported trace viewed as HTML \(2 exchanges, 3 replay reports, \d+ bytes\)/);
@@ -235,6 +251,7 @@ describe('mitm-replay ui in a browser', () => {
     expect(html).not.toContain('sk-proj-uitest');
 
     const context = await browser.newContext({ offline: true, viewport: { width: 1400, height: 1000 } });
+    const errors = watchErrors(context);
     const requested: string[] = [];
     context.on('request', (request) => requested.push(request.url()));
     try {
@@ -253,6 +270,7 @@ describe('mitm-replay ui in a browser', () => {
       expect(await page.locator('#side-by-side .json-line.diff').first().getAttribute('data-path')).toBe('messages[0].content');
       await page.screenshot({ path: join(SHOTS, 'export-report.png'), fullPage: true });
       expect(requested.every((u) => u.startsWith('file:'))).toBe(true);
+      expect(errors).toEqual([]);
     } finally {
       await context.close();
     }

@@ -28,7 +28,8 @@
       if (value === null || value === undefined || value === false) continue;
       if (key === 'class') el.className = value;
       else if (key.startsWith('on')) el.addEventListener(key.slice(2), value);
-      else if (key === 'style') el.setAttribute('style', value);
+      // CSSOM, not the style attribute: the CSP (no 'unsafe-inline') blocks inline style attributes
+      else if (key === 'style') Object.assign(el.style, value);
       else el.setAttribute(key, value === true ? '' : String(value));
     }
     for (const child of children.flat(Infinity)) {
@@ -58,9 +59,14 @@
     return h('div', { class: 'error', role: 'alert' }, String(err && err.message ? err.message : err));
   }
 
+  /** Replaces an element's children; null, undefined and false are left out (as in h). */
+  function fill(target, ...children) {
+    target.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
+  }
+
   const app = document.getElementById('app');
   function show(...children) {
-    app.replaceChildren(...children);
+    fill(app, ...children);
   }
 
   function header(...crumbs) {
@@ -104,7 +110,7 @@
         const hay = [row.name, row.command || row.source, row.tier, row.lastVerdict || '', expiryText(row)].join(' ').toLowerCase();
         return words.every((w) => hay.includes(w));
       });
-      body.replaceChildren(...shown.map((row) => h('tr', { class: 'trace-row', 'data-trace': row.name }, cells(row).map((c, i) => h('td', { class: i === 6 ? 'command' : null }, c)))));
+      fill(body, ...shown.map((row) => h('tr', { class: 'trace-row', 'data-trace': row.name }, cells(row).map((c, i) => h('td', { class: i === 6 ? 'command' : null }, c)))));
       count.textContent = `${shown.length} of ${rows.length} traces`;
     };
     const count = h('span', { class: 'count' });
@@ -153,15 +159,15 @@
     const width = (d) => `${(Math.max(d, 0) / span) * 100}%`;
     const axis = h('div', { class: 'axis' });
     const step = niceStep(span);
-    for (let t = 0; t <= span; t += step) axis.append(h('span', { class: 'axis-label', style: `left:${(t / span) * 100}%` }, t >= 1000 ? `${(t / 1000).toFixed(t % 1000 ? 1 : 0)} s` : `${t} ms`));
+    for (let t = 0; t <= span; t += step) axis.append(h('span', { class: 'axis-label', style: { left: `${(t / span) * 100}%` } }, t >= 1000 ? `${(t / 1000).toFixed(t % 1000 ? 1 : 0)} s` : `${t} ms`));
     const rows = entries.map((e) => {
       const bar = h('div', {
         class: `bar kind-${e.kind}`,
-        style: `left:${pct(e.startMs)};width:${width(e.endMs)}`,
+        style: { left: pct(e.startMs), width: width(e.endMs) },
         title: `#${e.seq} ${e.label}${e.status ? ` → ${e.status}` : ''}\nstart +${Math.round(e.startMs)} ms, first byte ${ms(e.responseHeadMs)}, end ${ms(e.endMs)}${e.frames.length ? `\n${e.frames.length} streamed frames` : ''}`,
       });
-      if (e.responseHeadMs !== null && e.endMs > 0) bar.append(h('span', { class: 'wait', style: `width:${(Math.min(e.responseHeadMs, e.endMs) / e.endMs) * 100}%` }));
-      for (const f of e.frames) bar.append(h('span', { class: 'tick', style: `left:${e.endMs > 0 ? (Math.min(f, e.endMs) / e.endMs) * 100 : 0}%` }));
+      if (e.responseHeadMs !== null && e.endMs > 0) bar.append(h('span', { class: 'wait', style: { width: `${(Math.min(e.responseHeadMs, e.endMs) / e.endMs) * 100}%` } }));
+      for (const f of e.frames) bar.append(h('span', { class: 'tick', style: { left: `${e.endMs > 0 ? (Math.min(f, e.endMs) / e.endMs) * 100 : 0}%` } }));
       const meta = [
         e.status !== null ? String(e.status) : e.kind === 'error' ? 'failed' : '',
         e.model ? e.model : '',
@@ -237,12 +243,12 @@
   }
 
   async function exchangePanel(trace, seq, target) {
-    target.replaceChildren(h('p', null, 'loading…'));
+    fill(target, h('p', null, 'loading…'));
     let detail;
     try {
       detail = await api(`traces/${enc(trace)}/exchanges/${seq}`);
     } catch (err) {
-      target.replaceChildren(errorBox(err));
+      fill(target, errorBox(err));
       return;
     }
     const r = detail.record;
@@ -302,20 +308,20 @@
       toggle.textContent = showRaw ? 'decoded' : 'raw bytes';
       if (showRaw && !rawLoaded) {
         rawLoaded = true;
-        raw.replaceChildren(h('p', null, 'loading…'));
+        fill(raw, h('p', null, 'loading…'));
         try {
           const { parts } = await api(`traces/${enc(trace)}/exchanges/${seq}/raw`);
-          raw.replaceChildren(
+          fill(raw, 
             ...parts.map((p) =>
               h('div', { class: 'block' }, h('h4', null, `${p.name}: ${bytes(p.bytes)}${p.truncated ? ' (truncated)' : ''}`), h('pre', { class: 'raw' }, p.bytes ? visibleRaw(p.text) : '(empty)')),
             ),
           );
         } catch (err) {
-          raw.replaceChildren(errorBox(err));
+          fill(raw, errorBox(err));
         }
       }
     });
-    target.replaceChildren(
+    fill(target, 
       h('h3', null, `#${r.seq} `, r.request ? `${r.request.method} ` : '', detail.url, r.response ? ` → ${r.response.status}` : ''),
       h('dl', { class: 'facts' }, facts.map(([k, v]) => [h('dt', null, k), h('dd', null, v)])),
       model,
@@ -365,7 +371,7 @@
     const pager = h('div', { class: 'toolbar pager' });
     let offset = 0;
     const loadPage = async () => {
-      timelineHolder.replaceChildren(h('p', null, 'loading…'));
+      fill(timelineHolder, h('p', null, 'loading…'));
       try {
         const page = await api(`traces/${enc(trace)}/timeline?offset=${offset}&limit=${PAGE}`);
         const last = Math.min(offset + PAGE, page.total);
@@ -373,10 +379,10 @@
         const next = h('button', { type: 'button', disabled: last >= page.total }, 'later →');
         prev.addEventListener('click', () => ((offset = Math.max(0, offset - PAGE)), loadPage()));
         next.addEventListener('click', () => ((offset += PAGE), loadPage()));
-        pager.replaceChildren(prev, h('span', { class: 'count', id: 'page-count' }, page.total ? `exchanges ${offset + 1}–${last} of ${page.total}` : 'no exchanges'), next);
-        timelineHolder.replaceChildren(timeline(page, (seq) => exchangePanel(trace, seq, detail)));
+        fill(pager, prev, h('span', { class: 'count', id: 'page-count' }, page.total ? `exchanges ${offset + 1}–${last} of ${page.total}` : 'no exchanges'), next);
+        fill(timelineHolder, timeline(page, (seq) => exchangePanel(trace, seq, detail)));
       } catch (err) {
-        timelineHolder.replaceChildren(errorBox(err));
+        fill(timelineHolder, errorBox(err));
       }
     };
     const expiry = overview.expiresAt === null ? 'never (pinned)' : `${overview.expiresAt <= Date.now() ? 'expired ' : ''}${utcMinutes(overview.expiresAt)} UTC`;
@@ -444,12 +450,12 @@
   }
 
   async function requestPanel(name, runId, index, target) {
-    target.replaceChildren(h('p', null, 'loading…'));
+    fill(target, h('p', null, 'loading…'));
     let cmp;
     try {
       cmp = await api(`traces/${enc(name)}/reports/${enc(runId)}/requests/${index}`);
     } catch (err) {
-      target.replaceChildren(errorBox(err));
+      fill(target, errorBox(err));
       return;
     }
     const d = cmp.divergence;
@@ -468,7 +474,7 @@
         message ? [headBlock('head', message.head, headHighlight), bodyBlock('body (decoded)', message.body, diffPaths)] : h('p', { class: 'muted' }, title.startsWith('recorded') ? '(no recording to compare with: the endpoint had no unused recording left)' : '(this report was written before reports kept the replayed request)'),
       );
     const r = cmp.request;
-    target.replaceChildren(
+    fill(target, 
       h('h3', null, `#${r.index} ${r.endpoint} [${r.position}]: `, badge(outcomeOf(r)), r.divergenceId ? ` ${r.divergenceId}` : ''),
       d ? h('p', { class: 'summary' }, d.summary, ' ', labels(d.labels)) : h('p', { class: 'muted' }, r.outcome === 'missing' ? 'no unused recording of this endpoint was left: the agent asked more than was recorded' : 'matched exactly'),
       d && d.requestLine ? h('p', null, 'request line: ', h('code', { class: 'rec' }, d.requestLine.recorded), ' vs ', h('code', { class: 'rep' }, d.requestLine.replayed)) : null,
