@@ -9,6 +9,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import http from 'node:http';
 import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { pathToFileURL } from 'node:url';
 import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
 import type { ReplayReport } from '../src/replay/verdict.js';
@@ -153,6 +154,13 @@ describe('mitm-replay ui in a browser', () => {
       await page.locator('#filter').fill('no-such-thing');
       expect(await row.count()).toBe(0);
       await page.locator('#filter').fill('view');
+      expect(await row.count()).toBe(1);
+      // the viewer holds the store only while the page reads it: another command can open it meanwhile
+      await sleep(1500);
+      const ls = await runCli(['ls', '--home', home]);
+      expect(ls.code, ls.stderr).toBe(0);
+      await page.reload();
+      await ready(page, '/');
       expect(await row.count()).toBe(1);
       expect(offsite).toEqual([]);
       expect(errors).toEqual([]);

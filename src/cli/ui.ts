@@ -4,10 +4,10 @@ import net from 'node:net';
 import { UsageError, flag, has, parseArgs } from './args.js';
 import { DaemonClient } from '../daemon-client.js';
 import { homePaths, resolveHome } from '../home.js';
-import { openTraceReader, storeReader, type TraceReader } from '../trace/reader.js';
+import { openTraceReader, type TraceReader } from '../trace/reader.js';
 import { loadRetention } from '../trace/retention.js';
 import { isValidTraceName } from '../trace/schema.js';
-import { TraceStore } from '../trace/store.js';
+import { LeasedReader } from '../ui/leased-reader.js';
 import { UiService, isLoopbackAddress, uiLoginUrl } from '../ui/server.js';
 
 export const UI_HELP = `usage: mitm-replay ui [NAME|last] [--run ID|last] [--home DIR]
@@ -19,7 +19,7 @@ diverged request) and its compare runs. NAME opens that trace, --run a replay re
 
 When a daemon runs for the home, it serves the viewer (under /__mitm-replay/ui/ on its loopback listener)
 and this command prints the URL and exits. Otherwise this command serves it on an ephemeral loopback port
-until Ctrl-C (it holds the trace store meanwhile; run 'mitm-replay daemon' to record and browse at once).
+until Ctrl-C, opening the trace store only while the page reads it (so 'record' and 'ls' still work).
 The URL carries the control token once: opening it signs the browser in (an HttpOnly cookie) and redirects
 to a URL without it. Loopback only; nothing is fetched from elsewhere.
 
@@ -71,8 +71,7 @@ export async function runUi(argv: string[]): Promise<number> {
     return 0;
   }
 
-  const store = await TraceStore.open(paths.store);
-  const reader = storeReader(store);
+  const reader = new LeasedReader(home);
   let server: http.Server | undefined;
   try {
     const target = await checkTarget(reader, trace, run);
@@ -98,7 +97,7 @@ export async function runUi(argv: string[]): Promise<number> {
     });
     port = (listening.address() as net.AddressInfo).port;
     console.log(uiLoginUrl('127.0.0.1', port, token, target.trace, target.run));
-    process.stderr.write(`mitm-replay: serving the trace viewer on 127.0.0.1:${port} until Ctrl-C (no daemon runs for ${home}; this holds its trace store meanwhile)\n`);
+    process.stderr.write(`mitm-replay: serving the trace viewer on 127.0.0.1:${port} until Ctrl-C (no daemon runs for ${home}; the store is opened only while the page reads it)\n`);
     await new Promise<void>((resolve) => {
       const stop = () => resolve();
       process.once('SIGINT', stop);
