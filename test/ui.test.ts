@@ -14,7 +14,7 @@ import { pathToFileURL } from 'node:url';
 import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
 import type { ReplayReport } from '../src/replay/verdict.js';
 import { useUpstreamFixture } from './helpers/cli-fixture.js';
-import { BIN, CHROMIUM, ROOT, haveChromium, runCli, startCliDaemon } from './helpers/cli.js';
+import { BIN, CHROMIUM, ROOT, haveChromium, pythonWithHttpx, runCli, startCliDaemon } from './helpers/cli.js';
 
 const fx = useUpstreamFixture('ui');
 const agent = join(ROOT, 'test', 'fixtures', 'openai-agent.mjs');
@@ -301,4 +301,56 @@ describe('mitm-replay ui in a browser', () => {
     }
     rmSync(file, { force: true });
   });
+});
+
+describe('a large trace stays responsive', () => {
+  it('251 exchanges and a 10 MiB body: the timeline pages by 100, bodies are fetched on selection and shown in part', async () => {
+    const python = pythonWithHttpx();
+    if (!browser || !python) return;
+    const bigHome = fx.freshHome();
+    const script = [
+      'import httpx',
+      'with httpx.Client(timeout=30) as c:',
+      '    c.get("https://tools.example.test/large?mb=10").raise_for_status()',
+      '    for i in range(250): c.get(f"https://tools.example.test/tool/weather?city=c{i}").raise_for_status()',
+    ].join('\n');
+    const rec = await runCli(['record', '--home', bigHome, '--trace', 'big', '--no-workspace', '--intercept', '+tools.example.test', ...fx.routing(), '--', python, '-c', script], { timeoutMs: 120_000 });
+    expect(rec.code, rec.stderr).toBe(0);
+    expect(rec.stderr).toContain('trace big: 251 exchanges');
+    const ui = await serveUi(['big', '--home', bigHome]);
+    const { context, offsite, errors } = await loopbackContext();
+    const sizes = new Map<string, number>();
+    context.on('response', (response) => {
+      const path = new URL(response.url()).pathname + new URL(response.url()).search;
+      void response.body().then((b) => sizes.set(path.replace(/^\/__mitm-replay\/ui\/api\//, ''), b.length)).catch(() => undefined);
+    });
+    try {
+      const page = await context.newPage();
+      await page.goto(ui.url);
+      await ready(page, '/trace/big');
+      expect(await page.locator('#page-count').textContent()).toBe('exchanges 1–100 of 251');
+      expect(await page.locator('#timeline .tl-row[data-seq]').count()).toBe(100);
+      expect(await page.locator('#timeline .bar.kind-tool').count()).toBe(100);
+      // the 10 MiB response: fetched when selected, shown up to 1 MiB
+      await page.locator('.tl-row[data-seq="0"]').click();
+      await expect.poll(() => page.locator('#exchange .body-note').textContent(), { timeout: 15_000 }).toBe(' (showing the first 1.0 MiB of 10.0 MiB)');
+      await page.screenshot({ path: join(SHOTS, 'large-trace.png') });
+      for (const expected of ['exchanges 101–200 of 251', 'exchanges 201–251 of 251']) {
+        await page.getByRole('button', { name: 'later →' }).click();
+        await expect.poll(() => page.locator('#page-count').textContent()).toBe(expected);
+      }
+      expect(await page.locator('#timeline .tl-row[data-seq]').count()).toBe(51);
+      expect(await page.locator('.tl-row[data-seq="250"] .tl-meta').textContent()).toBe('200');
+      await expect.poll(() => sizes.get('traces/big/timeline?offset=200&limit=100')).toBeGreaterThan(0);
+      // a timeline page carries no bodies, and the big exchange's detail not the whole body
+      expect(sizes.get('traces/big/timeline?offset=0&limit=100')!).toBeLessThan(200_000);
+      expect(sizes.get('traces/big/exchanges/0')!).toBeLessThan(3 * 1024 * 1024);
+      expect(offsite).toEqual([]);
+      expect(errors).toEqual([]);
+    } finally {
+      await context.close();
+      ui.child.kill('SIGINT');
+      await new Promise((r) => ui.child.once('exit', r));
+    }
+  }, 180_000);
 });

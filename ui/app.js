@@ -223,7 +223,7 @@
 
   function bodyBlock(title, body, diffPaths) {
     const notes = [];
-    if (body.truncated) notes.push(`showing the first ${bytes(body.text.length)} of ${bytes(body.bytes)}`);
+    if (body.truncated) notes.push(`showing the first ${bytes(body.shown)} of ${bytes(body.bytes)}`);
     if (body.jsonTruncated) notes.push('JSON view cut after 20000 lines');
     let content;
     if (body.bytes === 0) content = h('p', { class: 'muted' }, '(empty body)');
@@ -235,7 +235,7 @@
       );
     } else if (body.encoding === 'base64') content = h('pre', { class: 'raw' }, `(${bytes(body.bytes)} of binary data, base64)\n${body.text}`);
     else content = h('pre', { class: 'text' }, body.text);
-    return h('div', { class: 'block' }, h('h4', null, title, notes.length ? h('span', { class: 'muted' }, ` (${notes.join('; ')})`) : null), content);
+    return h('div', { class: 'block' }, h('h4', null, title, notes.length ? h('span', { class: 'muted body-note' }, ` (${notes.join('; ')})`) : null), content);
   }
 
   function visibleRaw(text) {

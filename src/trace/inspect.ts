@@ -103,6 +103,8 @@ export interface BodyText {
   encoding: 'utf8' | 'base64';
   /** the whole body's length */
   bytes: number;
+  /** how many of its bytes `text` holds */
+  shown: number;
   truncated: boolean;
 }
 
@@ -110,15 +112,15 @@ export function bodyText(body: Buffer, max: number): BodyText {
   const truncated = body.length > max;
   let part = truncated ? body.subarray(0, max) : body;
   const utf8 = part.toString('utf8');
-  if (Buffer.byteLength(utf8) === part.length && !utf8.includes('\uFFFD')) return { text: utf8, encoding: 'utf8', bytes: body.length, truncated };
+  if (Buffer.byteLength(utf8) === part.length && !utf8.includes('\uFFFD')) return { text: utf8, encoding: 'utf8', bytes: body.length, shown: part.length, truncated };
   // A cut through a multi-byte character is not binary: drop the partial character at the end.
   if (truncated) {
     for (let back = 1; back <= 3 && part.length > 0; back++) {
       part = body.subarray(0, max - back);
       const text = part.toString('utf8');
-      if (!text.includes('\uFFFD')) return { text, encoding: 'utf8', bytes: body.length, truncated };
+      if (!text.includes('\uFFFD')) return { text, encoding: 'utf8', bytes: body.length, shown: part.length, truncated };
     }
     part = body.subarray(0, max);
   }
-  return { text: part.toString('base64'), encoding: 'base64', bytes: body.length, truncated };
+  return { text: part.toString('base64'), encoding: 'base64', bytes: body.length, shown: part.length, truncated };
 }
