@@ -28,7 +28,9 @@ describe('the viewer tags pretty-printed JSON lines with the paths divergences n
   it('lines are JSON.stringify(doc, null, 2), one by one', () => {
     const doc = { a: [1, [], {}, { b: 'c"d' }], e: { f: null }, g: '' };
     expect(jsonLines(doc).lines.map((l) => l.text).join('\n')).toBe(JSON.stringify(doc, null, 2));
-    expect(jsonLines(doc).lines.find((l) => l.text.includes('c\\"d'))!.path).toBe('a[3].b');
+    const line = jsonLines(doc).lines.find((l) => l.text.includes('c\\"d'))!;
+    expect(line.path).toBe('a[3].b');
+    expect(line.text.slice(line.v)).toBe('"c\\"d"');
   });
 });
 

@@ -229,6 +229,9 @@ describe('mitm-replay ui in a browser', () => {
       expect(await page.locator('#side-by-side .side').nth(0).locator('.json-line.diff').textContent()).toBe('      "content": "hi"');
       expect(await page.locator('#side-by-side .side').nth(1).locator('.json-line.diff').textContent()).toBe('      "content": "hi!"');
       expect(await page.locator('#json-diffs tbody tr').first().getAttribute('data-path')).toBe('messages[0].content');
+      // the differing part of the string (from offset 2): '!' added on the replayed side, nothing on the recorded one
+      expect(await page.locator('#side-by-side .side').nth(1).locator('.json-line.diff mark').textContent()).toBe('!');
+      expect(await page.locator('#side-by-side .side').nth(0).locator('.json-line.diff mark.insert').count()).toBe(1);
       expect(await page.locator('#request-diff').textContent()).not.toContain('null');
       await page.screenshot({ path: join(SHOTS, 'report-diff.png'), fullPage: true });
       expect(offsite).toEqual([]);

@@ -221,7 +221,23 @@
     return false;
   }
 
-  function bodyBlock(title, body, diffPaths) {
+  /** A string value's line with the part from the first differing character marked. */
+  function markedLine(line, offset) {
+    if (offset === undefined || line.v === undefined) return line.text;
+    const end = line.text.endsWith(',') ? line.text.length - 1 : line.text.length;
+    let value;
+    try {
+      value = JSON.parse(line.text.slice(line.v, end));
+    } catch {
+      return line.text;
+    }
+    if (typeof value !== 'string' || offset > value.length) return line.text;
+    const at = line.v + JSON.stringify(value.slice(0, offset)).length - 1;
+    const differing = line.text.slice(at, end - 1);
+    return [line.text.slice(0, at), h('mark', { class: differing ? null : 'insert', title: `differs from character ${offset}` }, differing), line.text.slice(end - 1)];
+  }
+
+  function bodyBlock(title, body, diffPaths, diffOffsets) {
     const notes = [];
     if (body.truncated) notes.push(`showing the first ${bytes(body.shown)} of ${bytes(body.bytes)}`);
     if (body.jsonTruncated) notes.push('JSON view cut after 20000 lines');
@@ -231,7 +247,10 @@
       content = h(
         'pre',
         { class: 'json' },
-        body.json.map((line) => h('div', { class: `json-line${diffPaths && pathMatches(line.path, diffPaths) ? ' diff' : ''}`, 'data-path': line.path }, line.text)),
+        body.json.map((line) => {
+          const diff = diffPaths && pathMatches(line.path, diffPaths);
+          return h('div', { class: `json-line${diff ? ' diff' : ''}`, 'data-path': line.path }, diff && diffOffsets ? markedLine(line, diffOffsets.get(line.path)) : line.text);
+        }),
       );
     } else if (body.encoding === 'base64') content = h('pre', { class: 'raw' }, `(${bytes(body.bytes)} of binary data, base64)\n${body.text}`);
     else content = h('pre', { class: 'text' }, body.text);
@@ -460,6 +479,7 @@
     }
     const d = cmp.divergence;
     const diffPaths = d ? d.json.map((j) => j.path) : [];
+    const diffOffsets = new Map(d ? d.json.filter((j) => j.offset !== undefined).map((j) => [j.path, j.offset]) : []);
     const diffHeaders = new Set(d ? d.headers.map((x) => x.name.toLowerCase()) : []);
     const headHighlight = (line, i) => {
       if (i === 0) return Boolean(d && d.requestLine);
@@ -471,7 +491,7 @@
         'div',
         { class: 'side' },
         h('h3', null, title),
-        message ? [headBlock('head', message.head, headHighlight), bodyBlock('body (decoded)', message.body, diffPaths)] : h('p', { class: 'muted' }, title.startsWith('recorded') ? '(no recording to compare with: the endpoint had no unused recording left)' : '(this report was written before reports kept the replayed request)'),
+        message ? [headBlock('head', message.head, headHighlight), bodyBlock('body (decoded)', message.body, diffPaths, diffOffsets)] : h('p', { class: 'muted' }, title.startsWith('recorded') ? '(no recording to compare with: the endpoint had no unused recording left)' : '(this report was written before reports kept the replayed request)'),
       );
     const r = cmp.request;
     fill(target, 

@@ -223,25 +223,28 @@ export async function timelinePage(reader: TraceReader, name: string, offset: nu
 export interface JsonLine {
   text: string;
   path: string;
+  /** where a string value starts in `text` (its opening quote), so the page can mark the differing part */
+  v?: number;
 }
 
 /** Pretty-prints a JSON document (2 spaces) line by line, each line tagged with its value's path. */
 export function jsonLines(doc: unknown): { lines: JsonLine[]; truncated: boolean } {
   const lines: JsonLine[] = [];
   let truncated = false;
-  const emit = (depth: number, text: string, keys: (string | number)[]) => {
+  const emit = (depth: number, text: string, keys: (string | number)[], valueAt?: number) => {
     if (lines.length >= MAX_JSON_LINES) {
       truncated = true;
       return;
     }
-    lines.push({ text: `${'  '.repeat(depth)}${text}`, path: formatJsonPath(keys) });
+    const indent = '  '.repeat(depth);
+    lines.push({ text: `${indent}${text}`, path: formatJsonPath(keys), ...(valueAt === undefined ? {} : { v: indent.length + valueAt }) });
   };
   const walk = (value: unknown, keys: (string | number)[], prefix: string, suffix: string) => {
     if (truncated) return;
     const depth = keys.length;
     const container = typeof value === 'object' && value !== null;
     if (!container || depth >= MAX_JSON_DEPTH) {
-      emit(depth, `${prefix}${JSON.stringify(value)}${suffix}`, keys);
+      emit(depth, `${prefix}${JSON.stringify(value)}${suffix}`, keys, typeof value === 'string' ? prefix.length : undefined);
       return;
     }
     const entries: [string | number, unknown][] = Array.isArray(value) ? value.map((v, i) => [i, v]) : Object.entries(value);
