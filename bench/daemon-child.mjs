@@ -3,16 +3,17 @@
  * repro-paused-upstream.mjs over IPC), started from dist/ exactly as code would use it. Sessions go through its HTTP
  * control API (as the CLI does); IPC is only for life-cycle and measurements. Messages, each answered with
  * { type: `${type}:done`, ... }:
- *   { type: 'start', home, upstreamPort, upstreamCaPem, intercept?, logLevel? } → { port, token, caPem }
+ *   { type: 'start', home, upstreamPort, upstreamCaPem, intercept?, logLevel?, leafCacheSize? } → { port, token, caPem }
  *     intercept defaults to ['*']; logLevel to $BENCH_DAEMON_LOG_LEVEL, else 'warn'
  *   { type: 'eld-start' } / { type: 'eld-stop' }          → event-loop delay of THIS process (monitorEventLoopDelay, 1 ms)
  *   { type: 'profile-start', intervalUs? } / { type: 'profile-stop', file } → V8 CPU profile of THIS process
  *     (node:inspector, sampling every intervalUs µs, default 500; the .cpuprofile format `node --cpu-prof` writes)
  *   { type: 'memory' } → heap after a forced GC (when forked with --expose-gc), RSS, live sessions
+ *   { type: 'counts' } → open fds, connection listeners, open client connections, leaf cache stats, exchanges stored
  *   { type: 'stop' }                                        → stops the daemon and exits
  * Exits on its own when the parent goes away.
  */
-import { readFileSync, writeFileSync } from 'node:fs';
+import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { Session } from 'node:inspector';
 import { join } from 'node:path';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
@@ -33,11 +34,12 @@ const post = (session, method, params = {}) =>
   new Promise((resolve, reject) => session.post(method, params, (err, result) => (err ? reject(err) : resolve(result))));
 
 const handlers = {
-  async start({ home, upstreamPort, upstreamCaPem, intercept = ['*'], logLevel }) {
+  async start({ home, upstreamPort, upstreamCaPem, intercept = ['*'], logLevel, leafCacheSize }) {
     daemon = await Daemon.start({
       home,
       port: 0,
       intercept,
+      leafCacheSize,
       connectTo: [parseConnectTo(`::127.0.0.1:${upstreamPort}`)],
       upstreamCAs: [upstreamCaPem],
       logger: createLogger({ level: logLevel ?? process.env.BENCH_DAEMON_LOG_LEVEL ?? 'warn' }),
@@ -76,6 +78,18 @@ const handlers = {
     const m = process.memoryUsage();
     const mb = (x) => Math.round(x / 1048576);
     return { gc: typeof globalThis.gc === 'function', heapUsedMb: mb(m.heapUsed), rssMb: mb(m.rss), externalMb: mb(m.external + m.arrayBuffers), sessions: daemon?.sessions.all().length ?? 0 };
+  },
+  async counts() {
+    let exchanges = 0;
+    for (const meta of await daemon.store.listTraces()) exchanges += (await daemon.store.summarize(meta.name)).exchanges;
+    return {
+      fds: readdirSync('/proc/self/fd').length,
+      connectionListeners: daemon.listener.server.listenerCount('connection'),
+      openConnections: daemon.listener.openConnections,
+      leaf: daemon.listener.leafStats,
+      exchanges,
+      rssMb: Math.round(process.memoryUsage().rss / 1048576),
+    };
   },
   async stop() {
     if (daemon) await daemon.stop();

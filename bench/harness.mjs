@@ -127,10 +127,10 @@ export class BenchProcesses {
    * The daemon under test (daemon-child.mjs, Daemon from dist/) in `home`, sending every intercepted origin to the
    * upstream on 127.0.0.1:upstreamPort. Resolves { child, port, token, caPem }.
    */
-  async startDaemon({ home, upstreamPort, upstreamCaPem, intercept, logLevel, execArgv = [] }) {
+  async startDaemon({ home, upstreamPort, upstreamCaPem, intercept, logLevel, leafCacheSize, execArgv = [] }) {
     if (!existsSync(join(here, '..', 'dist', 'daemon.js'))) throw new Error('dist/ is missing: run `npm run build` first');
     const child = this.track(fork(join(here, 'daemon-child.mjs'), [], { execArgv, stdio: CHILD_STDIO }), 'mitm-replay daemon');
-    const { port, token, caPem } = await rpc(child, 'start', { home, upstreamPort, upstreamCaPem, intercept, logLevel });
+    const { port, token, caPem } = await rpc(child, 'start', { home, upstreamPort, upstreamCaPem, intercept, logLevel, leafCacheSize });
     return { child, port, token, caPem };
   }
 }

@@ -48,6 +48,8 @@ export interface DaemonOptions {
   nameConstraints?: boolean;
   /** listening beyond loopback was asked for (--allow-remote): every request then needs session credentials */
   requireCredentials?: boolean;
+  /** hosts whose minted leaf (TLS context) is kept in memory, least recently used out first (default 1000) */
+  leafCacheSize?: number;
   /** header and idle timeouts for client connections (defaults: 30 s and 300 s) */
   timeouts?: ConnectionTimeouts;
   /** `daemon --replay NAME`: anonymous traffic replays this trace instead of recording */
@@ -199,8 +201,9 @@ export class Daemon {
     }
     const ca = await loadOrCreateAuthority(options.home, { nameConstraints: constraints });
     if (constraints && !ca.created) log.warn('name constraints apply when a CA is created; the existing CA in this home keeps what it was created with');
-    const minter = new LeafMinter(ca);
+    const minter = new LeafMinter(ca, { cacheSize: options.leafCacheSize });
     const store = await TraceStore.open(paths.store, { compression: options.storeCompression ?? process.env.MITM_REPLAY_STORE_COMPRESSION !== '0' });
+    if (store.migration) log.info(store.migration, 'migrated the trace store to the current format');
     const cutOff = await store.markOpenExchangesIncomplete();
     if (cutOff > 0) log.warn({ exchanges: cutOff }, 'marked exchanges cut off by an earlier crash as incomplete');
     const anonymousTraceName = options.trace ?? defaultTraceName();

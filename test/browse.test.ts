@@ -1,5 +1,5 @@
 import { beforeAll, describe, expect, it } from 'vitest';
-import { readFileSync, writeFileSync } from 'node:fs';
+import { readFileSync, statSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
 import { useUpstreamFixture } from './helpers/cli-fixture.js';
@@ -72,6 +72,7 @@ describe('ls and show on a real recording', () => {
     const file = join(fx.work, 'browse.har');
     const exported = await runCli(['export', 'browse-me', '--har', file, '--home', home]);
     expect(exported.code, exported.stderr).toBe(0);
+    expect(statSync(file).mode & 0o777).toBe(0o600);
     const har = JSON.parse(readFileSync(file, 'utf8'));
     await validateHar(har).catch((err: { errors?: unknown }) => {
       throw new Error(`HAR 1.2 schema: ${JSON.stringify(err.errors).slice(0, 800)}`);

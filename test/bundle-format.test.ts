@@ -5,31 +5,9 @@ import { BundleError, parseBundle, serializeBundle, type Bundle } from '../src/t
 import { chunkLengths, dedupe } from '../src/trace/chunking.js';
 import { encodeExchange, FORMAT_VERSION, type StoredExchange, type TraceMeta } from '../src/trace/schema.js';
 import { buildRuleSet } from '../src/capture/redact.js';
+import { chatExchange } from './helpers/exchange.js';
 
-function exchange(seq: number, body: string): StoredExchange {
-  const requestHead = Buffer.from(`POST /v1/chat/completions HTTP/1.1\r\nHost: api.openai.com\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n`);
-  const requestBody = Buffer.from(body);
-  const responseHead = Buffer.from('HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n');
-  const responseBody = Buffer.from('{}');
-  return {
-    record: {
-      seq,
-      kind: 'http',
-      state: 'complete',
-      origin: { scheme: 'https', host: 'api.openai.com', port: 443 },
-      route: 'connect',
-      startedAt: 1_800_000_000_000 + seq,
-      timings: { requestEndMs: 1, responseHeadMs: 2, endMs: 3 },
-      request: { method: 'POST', target: '/v1/chat/completions', droppedHeaders: [], headLength: requestHead.length, bodyLength: requestBody.length, flags: [] },
-      response: { status: 200, headLength: responseHead.length, bodyLength: 2, flags: [], chunks: [[2, 2]] },
-      redactions: [],
-    },
-    requestHead,
-    requestBody,
-    responseHead,
-    responseBody,
-  };
-}
+const exchange = (seq: number, body: string): StoredExchange => chatExchange(seq, body);
 
 const meta: TraceMeta = { name: 'fmt', formatVersion: FORMAT_VERSION, createdAt: 1_800_000_000_000, mode: 'record', source: 'daemon', intercept: ['api.openai.com'], redaction: buildRuleSet(), restarts: [] };
 

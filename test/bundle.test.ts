@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { useUpstreamFixture } from './helpers/cli-fixture.js';
 import { ROOT, runCli, startCliDaemon } from './helpers/cli.js';
@@ -28,6 +28,8 @@ describe('portable bundles', () => {
     expect(exported.code, exported.stderr).toBe(0);
     expect(exported.stderr).toMatch(/exported trace handover \(3 records, \d+ bytes\)/);
     expect(readFileSync(file).toString('latin1')).not.toContain('sk-proj-bundle');
+    // a transcript: readable by its owner only
+    expect(statSync(file).mode & 0o777).toBe(0o600);
 
     const imported = await runCli(['import', file, '--home', homeB]);
     expect(imported.code, imported.stderr).toBe(0);

@@ -25,8 +25,8 @@ function record(home: string, trace: string, cwd: string) {
 describe('retention: expiry, keep, gc', () => {
   it('an expired trace cannot be replayed (the error says when); gc deletes it and its blobs, not a pinned one or shared blobs', async () => {
     const home = fx.freshHome();
-    // a 2-second policy, so the test can watch traces expire
-    writeFileSync(join(home, 'config.json'), JSON.stringify({ retention: { fullHours: 2 / 3600 } }));
+    // a 5-second policy, so the test can watch traces expire (long enough for two records on a busy machine)
+    writeFileSync(join(home, 'config.json'), JSON.stringify({ retention: { fullHours: 5 / 3600 } }));
     const shared = mkdtempSync(join(fx.work, 'ws-'));
     writeFileSync(join(shared, 'same.txt'), 'identical in both workspaces\n');
     const other = mkdtempSync(join(fx.work, 'ws-'));
@@ -43,7 +43,7 @@ describe('retention: expiry, keep, gc', () => {
     expect(listed).toMatch(/^pinned\s+\S+ \S+\s+full\s+never\*/m);
     expect(listed).toContain('WARNING: pinned full traces');
 
-    await new Promise((r) => setTimeout(r, 2500));
+    await new Promise((r) => setTimeout(r, 5500));
     const refused = await runCli(['replay', 'short-lived', '--home', home, '--', process.execPath, agent], { cwd: shared, env });
     expect(refused.code).toBe(2);
     expect(refused.stderr).toMatch(/trace 'short-lived' expired at \d{4}-\d\d-\d\dT[\d:.]+Z and can no longer be replayed/);

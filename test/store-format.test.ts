@@ -42,7 +42,7 @@ describe('store format version', () => {
     try {
       await rawPut(join(home, 'traces'), 'v:format', '99');
       await expect(TraceStore.open(join(home, 'traces'))).rejects.toThrow(StoreFormatError);
-      await expect(TraceStore.open(join(home, 'traces'))).rejects.toThrow(/written by a newer mitm-replay \(format 99; this version reads 1\)/);
+      await expect(TraceStore.open(join(home, 'traces'))).rejects.toThrow(/written by a newer mitm-replay \(format 99; this version reads 2\)/);
       const ls = await runCli(['ls', '--home', home]);
       expect(ls.code).toBe(1);
       expect(ls.stderr.trim().split('\n')).toHaveLength(1);

@@ -46,7 +46,7 @@ describe('structural tier', () => {
 
     const converted = await runCli(['tier', 'shape', 'structural', '--home', home], { env });
     expect(converted.code, converted.stderr).toBe(0);
-    expect(converted.stderr).toMatch(/trace shape is structural now \(2 records reduced to their shape; dropped the workspace snapshot; \d+ blob\(s\) deleted; store compacted\)/);
+    expect(converted.stderr).toMatch(/trace shape is structural now \(2 records reduced to their shape; dropped the workspace snapshot; \d+ blob\(s\) and \d+ body chunk\(s\) deleted; store compacted\)/);
     const bytes = storeBytes(home);
     expect(bytes).not.toContain(canary);
     expect(bytes).not.toContain('What is the weather in');

@@ -1,5 +1,6 @@
 import { execFile, execFileSync } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
+import { X509Certificate } from 'node:crypto';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -7,6 +8,8 @@ import { promisify } from 'node:util';
 import { afterAll, describe, expect, it } from 'vitest';
 import { certificateFingerprint, loadOrCreateAuthority } from '../src/ca/authority.js';
 import { runTrustCa } from '../src/cli/trust-ca.js';
+import { LeafMinter } from '../src/ca/leaf.js';
+import { startCliDaemon } from './helpers/cli.js';
 
 const run = promisify(execFile);
 
@@ -216,5 +219,74 @@ describe('trust-ca', () => {
     expect(noDb.code).toBe(2);
     expect(noDb.stderr).toContain('holds no NSS database');
     expect(noDb.stderr.trim().split('\n')).toHaveLength(1);
+  });
+
+  itWithCertutil('--rotate: a new CA with the same constraints, the NSS install moved to it, the old key gone', async () => {
+    const dir = await tempDir();
+    const home = join(dir, 'home');
+    const db = join(dir, 'nssdb');
+    await mkdir(db);
+    await run('certutil', ['-N', '-d', `sql:${db}`, '--empty-password']);
+    expect((await trustCa(['--home', home, '--nss-db', db, '--name-constraints', '--intercept', 'api.openai.com'])).code).toBe(0);
+    const old = await loadOrCreateAuthority(home);
+    const oldFp = certificateFingerprint(old.certPem);
+    const installs = JSON.parse(readFileSync(join(home, 'certs', 'installs.json'), 'utf8'));
+    expect(installs.installs).toEqual([{ store: 'nss', db: `sql:${db}`, name: `mitm-replay-${oldFp.slice(0, 8)}` }]);
+
+    // the plan changes nothing
+    const plan = await trustCa(['--home', home, '--rotate', '--dry-run']);
+    expect(plan.code, plan.stderr).toBe(0);
+    expect(plan.stdout).toContain(`certutil -A -d sql:${db} -t C,,, -n mitm-replay-XXXXXXXX`);
+    expect(plan.stdout).toContain(`certutil -D -d sql:${db} -n mitm-replay-${oldFp.slice(0, 8)}`);
+    expect(certificateFingerprint(readFileSync(join(home, 'certs', 'ca.pem'), 'utf8'))).toBe(oldFp);
+    expect(readdirSync(join(home, 'certs')).sort()).toEqual(['bundle.pem', 'ca-key.pem', 'ca.pem', 'installs.json']);
+
+    // refused while a daemon signs with the current CA
+    const daemon = await startCliDaemon([], home);
+    try {
+      const busy = await trustCa(['--home', home, '--rotate']);
+      expect(busy.code).toBe(1);
+      expect(busy.stderr).toMatch(/a daemon \(pid \d+\) is running for .* stop it, then rotate/);
+    } finally {
+      daemon.child.kill('SIGTERM');
+      await new Promise((resolve) => daemon.child.once('exit', resolve));
+    }
+
+    const rotated = await trustCa(['--home', home, '--rotate']);
+    expect(rotated.code, rotated.stderr).toBe(0);
+    const next = await loadOrCreateAuthority(home);
+    const newFp = certificateFingerprint(next.certPem);
+    expect(newFp).not.toBe(oldFp);
+    expect(rotated.stdout).toContain(`mitm-replay-${newFp.slice(0, 8)} replaces mitm-replay-${oldFp.slice(0, 8)}`);
+    // the store trusts the new CA and no longer the old one
+    const listed = (await run('certutil', ['-L', '-d', `sql:${db}`])).stdout;
+    expect(listed).toContain(`mitm-replay-${newFp.slice(0, 8)}`);
+    expect(listed).not.toContain(`mitm-replay-${oldFp.slice(0, 8)}`);
+    // same name constraints
+    const text = execFileSync('openssl', ['x509', '-in', join(home, 'certs', 'ca.pem'), '-noout', '-text']).toString();
+    expect(text).toMatch(/Name Constraints: critical\s+Permitted:\s+DNS:api\.openai\.com/);
+    // the old key is nowhere in the home; the old certificate is retired; the bundle holds only the new CA
+    const files = readdirSync(home, { recursive: true, withFileTypes: true }).filter((e) => e.isFile()).map((e) => readFileSync(join(e.parentPath, e.name), 'utf8'));
+    expect(files.some((f) => f.includes(old.keyPem.trim()))).toBe(false);
+    expect(readFileSync(join(home, 'certs', 'retired', `ca-${oldFp.slice(0, 16)}.pem`), 'utf8')).toBe(old.certPem);
+    const bundle = readFileSync(join(home, 'certs', 'bundle.pem'), 'utf8');
+    expect(bundle).toContain(next.certPem.trim());
+    expect(bundle).not.toContain(old.certPem.trim());
+    expect(statSync(join(home, 'certs', 'ca-key.pem')).mode & 0o777).toBe(0o600);
+    // leaves minted now chain to the new CA only
+    const leaf = new X509Certificate((await new LeafMinter(next).mintLeafCertificate('api.openai.com')).certPem);
+    expect(leaf.verify(new X509Certificate(next.certPem).publicKey)).toBe(true);
+    expect(leaf.verify(new X509Certificate(old.certPem).publicKey)).toBe(false);
+    expect(JSON.parse(readFileSync(join(home, 'certs', 'installs.json'), 'utf8')).installs[0].name).toBe(`mitm-replay-${newFp.slice(0, 8)}`);
+  });
+
+  it('--rotate: bad combinations and a home without a CA get one line', async () => {
+    const dir = await tempDir();
+    const bad = await trustCa(['--home', dir, '--rotate', '--uninstall']);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toMatch(/^mitm-replay trust-ca: --rotate .* takes only --home and --dry-run \(see mitm-replay trust-ca --help\)\n$/);
+    const none = await trustCa(['--home', join(dir, 'empty'), '--rotate']);
+    expect(none.code).toBe(1);
+    expect(none.stderr).toMatch(/^mitm-replay trust-ca: no CA in .* to rotate; 'mitm-replay trust-ca' creates one\n$/);
   });
 });

@@ -6,7 +6,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
 import http from 'node:http';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -252,6 +252,7 @@ describe('mitm-replay ui in a browser', () => {
     const exported = await runCli(['export', 'viewed', '--html', file, '--home', home]);
     expect(exported.code, exported.stderr).toBe(0);
     expect(exported.stderr).toMatch(/exported trace viewed as HTML \(2 exchanges, 3 replay reports, \d+ bytes\)/);
+    expect(statSync(file).mode & 0o777).toBe(0o600);
     const html = readFileSync(file, 'utf8');
     // no external reference: nothing loaded by src/href, no stylesheet link, no @import or url(), and a CSP
     // that allows no connection at all (the page's fetch path is never taken offline)

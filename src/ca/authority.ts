@@ -1,5 +1,6 @@
 import { X509Certificate, createPrivateKey, createPublicKey, generateKeyPair, randomBytes, sign, type KeyObject } from 'node:crypto';
-import { chmod, link, open, readFile, rename, rm, stat } from 'node:fs/promises';
+import { chmod, link, mkdir, open, readFile, rename, rm, stat } from 'node:fs/promises';
+import { join } from 'node:path';
 import { hostname } from 'node:os';
 import { rootCertificates } from 'node:tls';
 import { promisify } from 'node:util';
@@ -179,7 +180,9 @@ export class NameConstraintsError extends Error {}
  * X.509 NameConstraints (RFC 5280 4.2.1.10): the given dNSName subtrees, plus loopback addresses (127.0.0.0/8,
  * ::1) so the daemon's own https base-URL route keeps working while every other IP address is refused.
  */
-function nameConstraintsExtension(names: string[]): { id: string; critical: boolean; value: forge.asn1.Asn1 } {
+type Extension = { id: string; critical: boolean; value: forge.asn1.Asn1 | string };
+
+function nameConstraintsExtension(names: string[]): Extension {
   const { asn1 } = forge;
   const subtree = (name: forge.asn1.Asn1) => asn1.create(asn1.Class.UNIVERSAL, asn1.Type.SEQUENCE, true, [name]);
   const bytes = (list: number[]) => String.fromCharCode(...list);
@@ -198,7 +201,8 @@ function nameConstraintsExtension(names: string[]): { id: string; critical: bool
   };
 }
 
-async function selfSignedCaCertificate(privateKey: KeyObject, nameConstraints?: string[]): Promise<string> {
+async function selfSignedCaCertificate(privateKey: KeyObject, nameConstraints?: string[] | Extension): Promise<string> {
+  const constraints = Array.isArray(nameConstraints) ? (nameConstraints.length > 0 ? nameConstraintsExtension(nameConstraints) : undefined) : nameConstraints;
   const cert = forge.pki.createCertificate();
   cert.publicKey = forge.pki.publicKeyFromPem(createPublicKey(privateKey).export({ type: 'spki', format: 'pem' }).toString());
   cert.serialNumber = randomSerialHex();
@@ -220,14 +224,59 @@ async function selfSignedCaCertificate(privateKey: KeyObject, nameConstraints?: 
     { name: 'keyUsage', keyCertSign: true, cRLSign: true, critical: true },
     { name: 'subjectKeyIdentifier' },
     // A constrained CA can only vouch for the intercepted hosts, whoever trusts it.
-    ...(nameConstraints && nameConstraints.length > 0 ? [nameConstraintsExtension(nameConstraints)] : []),
+    ...(constraints ? [constraints] : []),
   ] as never);
   return signEncoded(cert, encodeToBeSigned(cert), privateKey);
+}
+
+/**
+ * Rotation, step 1: a new key and CA certificate beside the current ones (`certs/ca.next.pem`,
+ * `certs/ca-key.next.pem`), with the current CA's name constraints if it has any. Nothing uses them until
+ * `commitRotation`; the caller installs the new certificate into the trust stores in between, so no store is
+ * ever left without a CA it needs.
+ */
+export async function prepareRotation(home: string): Promise<{ current: CertificateAuthority; next: CertificateAuthority }> {
+  const paths = ensureHome(home);
+  const current = await readAuthority(paths);
+  if (!current) throw new Error(`no CA in ${paths.certsDir} to rotate; 'mitm-replay trust-ca' creates one`);
+  // the constraints extension is copied as it is (DER), so the new CA vouches for exactly the same names
+  const parsed = forge.pki.certificateFromPem(current.certPem) as unknown as { getExtension(options: { id: string }): { value: string } | null };
+  const constraints = parsed.getExtension({ id: '2.5.29.30' });
+  const { privateKey } = await generateKeyPairAsync('rsa', { modulusLength: 2048 });
+  const keyPem = privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
+  const certPem = await selfSignedCaCertificate(privateKey, constraints ? { id: '2.5.29.30', critical: true, value: constraints.value } : undefined);
+  const next = { certPem, keyPem, certPath: join(paths.certsDir, 'ca.next.pem'), keyPath: join(paths.certsDir, 'ca-key.next.pem'), bundlePath: paths.bundle, created: true };
+  await writeAtomic(next.keyPath, keyPem, 0o600);
+  await writeAtomic(next.certPath, certPem, 0o644);
+  return { current, next };
+}
+
+/**
+ * Rotation, step 2: the new CA becomes the home's CA. The old certificate is kept in `certs/retired/` (to find
+ * and remove trust installs made by hand); the old key is deleted (retired: nothing can sign with it again);
+ * `bundle.pem` holds the system roots and the new CA only. Returns the retired certificate's path.
+ */
+export async function commitRotation(home: string, current: CertificateAuthority, next: CertificateAuthority): Promise<string> {
+  const paths = ensureHome(home);
+  const retiredDir = join(paths.certsDir, 'retired');
+  await mkdir(retiredDir, { recursive: true, mode: 0o700 });
+  const retired = join(retiredDir, `ca-${certificateFingerprint(current.certPem).slice(0, 16)}.pem`);
+  await writeAtomic(retired, current.certPem, 0o644);
+  // The certificate first: a crash between the two renames leaves a pair readAuthority refuses ("do not belong
+  // together"), never a key silently paired with the wrong certificate.
+  await rename(next.certPath, paths.caCert);
+  await rename(next.keyPath, paths.caKey);
+  await writeBundle(paths, next.certPem);
+  return retired;
 }
 
 async function ensureBundle(paths: HomePaths, caPem: string): Promise<void> {
   const current = await readIfExists(paths.bundle);
   if (current?.includes(caPem.trim())) return;
+  await writeBundle(paths, caPem);
+}
+
+async function writeBundle(paths: HomePaths, caPem: string): Promise<void> {
   const roots = await systemRoots();
   await writeAtomic(paths.bundle, `${roots.trim()}\n${caPem.trim()}\n`, 0o644);
 }

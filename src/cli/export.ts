@@ -31,7 +31,8 @@ options:
 /** Written whole, then renamed: a crash never leaves half a file under the final name. */
 function writeWhole(file: string, bytes: Buffer): void {
   const temp = `${file}.${process.pid}.tmp`;
-  writeFileSync(temp, bytes);
+  // owner-only: a trace is a full transcript; sharing it is a deliberate act
+  writeFileSync(temp, bytes, { mode: 0o600 });
   renameSync(temp, file);
 }
 

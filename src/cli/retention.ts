@@ -14,7 +14,8 @@ keep only what you must. --release undoes it: the trace expires by the policy ag
 
 export const GC_HELP = `usage: mitm-replay gc [--json] [--home DIR]
 
-Deletes expired traces (never one being recorded) and the workspace blobs no remaining trace refers to.
+Deletes expired traces (never one being recorded), the workspace blobs no remaining trace refers to and the
+body chunks no remaining exchange refers to.
 A running daemon does this every hour on its own.`;
 
 /** Runs `work` through the running daemon's control API, or on the store directly when none runs. */
@@ -76,7 +77,7 @@ export async function runGc(argv: string[]): Promise<number> {
     (store) => collectGarbage(store, loadRetention(home), new Set()),
   );
   if (has(args, 'json')) console.log(JSON.stringify(result));
-  else process.stderr.write(`mitm-replay: gc deleted ${result.deletedTraces.length} expired trace(s)${result.deletedTraces.length ? ` (${result.deletedTraces.join(', ')})` : ''} and ${result.deletedBlobs} unreferenced blob(s)\n`);
+  else process.stderr.write(`mitm-replay: gc deleted ${result.deletedTraces.length} expired trace(s)${result.deletedTraces.length ? ` (${result.deletedTraces.join(', ')})` : ''}, ${result.deletedBlobs} unreferenced blob(s) and ${result.deletedChunks} unreferenced body chunk(s)\n`);
   return 0;
 }
 
@@ -111,7 +112,7 @@ export async function runTier(argv: string[]): Promise<number> {
   );
   const dropped = [result.deletedReports > 0 ? `${result.deletedReports} replay report(s)` : '', result.droppedWorkspace ? 'the workspace snapshot' : ''].filter(Boolean);
   process.stderr.write(
-    `mitm-replay: trace ${result.name} is structural now (${result.exchanges} records reduced to their shape${dropped.length ? `; dropped ${dropped.join(' and ')}` : ''}; ${result.deletedBlobs} blob(s) deleted; store compacted)\n`,
+    `mitm-replay: trace ${result.name} is structural now (${result.exchanges} records reduced to their shape${dropped.length ? `; dropped ${dropped.join(' and ')}` : ''}; ${result.deletedBlobs} blob(s) and ${result.deletedChunks} body chunk(s) deleted; store compacted)\n`,
   );
   return 0;
 }

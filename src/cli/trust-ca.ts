@@ -1,14 +1,17 @@
 import { execFile } from 'node:child_process';
 import { X509Certificate } from 'node:crypto';
-import { accessSync, constants, existsSync, readdirSync } from 'node:fs';
+import { accessSync, constants, existsSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { writeFile } from 'node:fs/promises';
 import { homedir } from 'node:os';
 import { delimiter, join, resolve } from 'node:path';
 import { promisify } from 'node:util';
-import { NameConstraintsError, certificateFingerprint, constraintsFor, loadAuthority, loadOrCreateAuthority, type CertificateAuthority } from '../ca/authority.js';
+import { NameConstraintsError, certificateFingerprint, commitRotation, constraintsFor, loadAuthority, loadOrCreateAuthority, prepareRotation, type CertificateAuthority } from '../ca/authority.js';
+import { DaemonClient } from '../daemon-client.js';
 import { InterceptListError, parseInterceptList } from '../proxy/intercept.js';
 import { homePaths, resolveHome } from '../home.js';
 
 const USAGE = `Usage: mitm-replay trust-ca [--home DIR] [--uninstall] [--dry-run] [--stores system,nss] [--nss-db DIR] [--name-constraints [--intercept LIST]]
+       mitm-replay trust-ca --rotate [--home DIR] [--dry-run]
 
 Installs the mitm-replay CA (creating it first if the home has none) into this machine's trust stores,
 the way mkcert -install does. Per-process trust needs no install at all: \`mitm-replay record\` and
@@ -24,6 +27,9 @@ Options:
                    if the home has no CA yet, create one limited (X.509 name constraints) to the
                    --intercept hosts (default: the LLM API hosts) and loopback addresses
   --intercept LIST with --name-constraints: the hosts, as for 'mitm-replay daemon --intercept'
+  --rotate         make a new CA (with the current one's name constraints), move every trust install
+                   trust-ca made (HOME/certs/installs.json) to it, and retire the old CA: its key is
+                   deleted, its certificate kept in HOME/certs/retired/. Stop the daemon first.
   -h, --help       show this help
 
 System stores: Debian/Ubuntu, Fedora/RHEL, Arch, openSUSE, macOS (root needed; sudo is used if you are not).
@@ -94,7 +100,19 @@ interface Options {
   nssDb?: string;
   nameConstraints?: boolean;
   intercept?: string;
+  rotate: boolean;
   help: boolean;
+}
+
+/** One install trust-ca made, kept in HOME/certs/installs.json so `--rotate` can move it. */
+interface InstallRecord {
+  store: Store;
+  /** system store: the platform whose store it is */
+  platform?: Platform;
+  /** nss: the database (sql:DIR) */
+  db?: string;
+  /** the anchor file's base name or the NSS nickname: mitm-replay-<fingerprint prefix> */
+  name: string;
 }
 
 /** Bad command line: one line on stderr, exit code 2. */
@@ -107,6 +125,7 @@ interface Step {
   commands: string[][];
   /** For uninstall: whether there is anything to remove (certutil -D fails on a missing nickname). */
   isPresent?: () => Promise<boolean>;
+  record: InstallRecord;
 }
 
 /**
@@ -136,7 +155,7 @@ export async function runTrustCa(
 }
 
 function parseArguments(argv: string[]): Options {
-  const options: Options = { uninstall: false, dryRun: false, help: false };
+  const options: Options = { uninstall: false, dryRun: false, rotate: false, help: false };
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i]!;
     const [flag, inlineValue] = arg.startsWith('--') && arg.includes('=') ? [arg.slice(0, arg.indexOf('=')), arg.slice(arg.indexOf('=') + 1)] : [arg, undefined];
@@ -178,9 +197,16 @@ function parseArguments(argv: string[]): Options {
       case '--intercept':
         options.intercept = value();
         break;
+      case '--rotate':
+        noValue();
+        options.rotate = true;
+        break;
       default:
         throw new UsageError(arg.startsWith('-') ? `unknown option ${flag}` : `unexpected argument ${JSON.stringify(arg)}`);
     }
+  }
+  if (options.rotate && (options.uninstall || options.nameConstraints || options.stores || options.nssDb !== undefined)) {
+    throw new UsageError('--rotate moves the installs trust-ca recorded and keeps the name constraints; it takes only --home and --dry-run');
   }
   return options;
 }
@@ -196,6 +222,7 @@ function parseStores(list: string): Store[] {
 async function trustCa(options: Options, io: TrustCaIo): Promise<number> {
   const platform = detectPlatform(io.env);
   const home = resolveHome(options.home ?? io.env.MITM_REPLAY_HOME);
+  if (options.rotate) return rotate(home, options.dryRun, io);
   const nssDbs = options.nssDb !== undefined ? [explicitNssDb(options.nssDb)] : findNssDbs(io.env, platform);
   // --nss-db names one database; installing into the system store as well would be a surprise.
   const explicit = options.stores ?? (options.nssDb !== undefined ? ['nss'] : undefined);
@@ -246,16 +273,7 @@ async function trustCa(options: Options, io: TrustCaIo): Promise<number> {
     return 0;
   }
 
-  // Check every tool first, so a missing one never leaves some stores changed and others not.
-  const packages = platform === 'macos' ? MACOS_PACKAGES : platform ? LINUX_STORES[platform].packages : {};
-  const tools = steps.flatMap((s) => s.commands.flatMap((c) => (c[0] === 'sudo' ? c.slice(0, 2) : c.slice(0, 1))));
-  for (const tool of new Set(tools)) {
-    if (!findExecutable(tool, io.env)) {
-      const pkg = packages[tool] ?? (tool === 'certutil' ? 'the NSS tools' : tool === 'sudo' ? 'sudo, or run as root' : tool);
-      const hint = tool === 'certutil' && !explicit ? '; or pass --stores system' : '';
-      throw new Error(`${tool} not found; install ${pkg}${hint}`);
-    }
-  }
+  checkTools(steps, platform, io.env, explicit ? '' : '; or pass --stores system');
 
   const changed: string[] = [];
   for (const step of steps) {
@@ -263,6 +281,7 @@ async function trustCa(options: Options, io: TrustCaIo): Promise<number> {
     for (const command of step.commands) await run(command, io.env);
     changed.push(`  ${step.store}: ${step.touches}`);
   }
+  await updateInstalls(home, steps.map((s) => s.record), options.uninstall ? 'remove' : 'add');
   const subject = new X509Certificate(ca!.certPem).subject.replaceAll('\n', ', ');
   if (changed.length === 0) {
     io.stdout.write(`The CA (${subject}) was not in any of the stores; nothing changed.\n`);
@@ -271,6 +290,113 @@ async function trustCa(options: Options, io: TrustCaIo): Promise<number> {
   }
   io.stdout.write(perProcessNote() + '\n');
   return 0;
+}
+
+/** Checks every tool first, so a missing one never leaves some stores changed and others not. */
+function checkTools(steps: Step[], platform: Platform | undefined, env: NodeJS.ProcessEnv, certutilHint: string): void {
+  const tools = steps.flatMap((s) => s.commands.flatMap((c) => (c[0] === 'sudo' ? c.slice(0, 2) : c.slice(0, 1))));
+  for (const tool of new Set(tools)) {
+    if (findExecutable(tool, env)) continue;
+    const stepPlatform = steps.find((s) => s.record.platform)?.record.platform ?? platform;
+    const packages = stepPlatform === 'macos' ? MACOS_PACKAGES : stepPlatform ? LINUX_STORES[stepPlatform].packages : {};
+    const pkg = packages[tool] ?? (tool === 'certutil' ? 'the NSS tools' : tool === 'sudo' ? 'sudo, or run as root' : tool);
+    throw new Error(`${tool} not found; install ${pkg}${tool === 'certutil' ? certutilHint : ''}`);
+  }
+}
+
+const installsFile = (home: string) => join(homePaths(home).certsDir, 'installs.json');
+const sameInstall = (a: InstallRecord, b: InstallRecord) => a.store === b.store && a.platform === b.platform && a.db === b.db;
+
+function readInstalls(home: string): InstallRecord[] {
+  let text: string;
+  try {
+    text = readFileSync(installsFile(home), 'utf8');
+  } catch {
+    return [];
+  }
+  try {
+    const parsed = JSON.parse(text) as { installs?: InstallRecord[] };
+    return Array.isArray(parsed.installs) ? parsed.installs : [];
+  } catch {
+    throw new Error(`${installsFile(home)} is not valid JSON; fix or delete it (it lists the trust stores trust-ca installed the CA into)`);
+  }
+}
+
+async function writeInstalls(home: string, installs: InstallRecord[]): Promise<void> {
+  await writeFile(installsFile(home), `${JSON.stringify({ installs }, null, 2)}\n`, { mode: 0o644 });
+}
+
+async function updateInstalls(home: string, records: InstallRecord[], change: 'add' | 'remove'): Promise<void> {
+  const kept = readInstalls(home).filter((r) => !records.some((c) => sameInstall(r, c)));
+  await writeInstalls(home, change === 'add' ? [...kept, ...records] : kept);
+}
+
+function stepFor(record: InstallRecord, name: string, certPath: string, uninstall: boolean, env: NodeJS.ProcessEnv): Step {
+  return record.store === 'nss' ? nssStep(record.db!, name, certPath, uninstall, env) : systemStep(record.platform!, name, certPath, uninstall);
+}
+
+/**
+ * `--rotate`: a new CA with the same name constraints; every install trust-ca recorded gets the new CA before
+ * the old one is removed from it; the old key is deleted and its certificate kept in certs/retired/.
+ */
+async function rotate(home: string, dryRun: boolean, io: TrustCaIo): Promise<number> {
+  const current = await loadAuthority(home);
+  if (!current) throw new Error(`no CA in ${homePaths(home).certsDir} to rotate; 'mitm-replay trust-ca' creates one`);
+  const daemon = await DaemonClient.find(homePaths(home).stateFile);
+  if (daemon) throw new Error(`a daemon (pid ${daemon.state.pid}) is running for ${home} and signs with the current CA; stop it, then rotate`);
+  const installs = readInstalls(home);
+  const oldName = `mitm-replay-${certificateFingerprint(current.certPem).slice(0, 8)}`;
+  const nextPath = join(homePaths(home).certsDir, 'ca.next.pem');
+  const removals = installs.map((r) => stepFor(r, r.name, current.certPath, true, io.env));
+  if (dryRun) {
+    const lines = ['Dry run: nothing was changed.', `trust-ca --rotate would create a new CA (replacing ${oldName}; same name constraints), then:`];
+    for (const r of installs) {
+      const step = stepFor(r, 'mitm-replay-XXXXXXXX', nextPath, false, io.env);
+      lines.push(`  ${step.store}: install the new CA into ${step.touches}`, ...step.commands.map((c) => `    ${formatCommand(c)}`));
+    }
+    lines.push(`  delete the old key ${current.keyPath}; keep its certificate in ${join(homePaths(home).certsDir, 'retired')}/`);
+    for (const step of removals) lines.push(`  ${step.store}: remove ${oldName} from ${step.touches}`, ...step.commands.map((c) => `    ${formatCommand(c)}`));
+    if (installs.length === 0) lines.push('  (trust-ca recorded no installs in this home: no trust store to move)');
+    io.stdout.write(lines.join('\n') + '\n');
+    return 0;
+  }
+  checkTools([...removals, ...installs.map((r) => stepFor(r, 'x', nextPath, false, io.env))], undefined, io.env, '');
+  const { next } = await prepareRotation(home);
+  const newName = `mitm-replay-${certificateFingerprint(next.certPem).slice(0, 8)}`;
+  const additions = installs.map((rec) => stepFor(rec, newName, next.certPath, false, io.env));
+  const added: Step[] = [];
+  try {
+    for (const step of additions) {
+      for (const command of step.commands) await run(command, io.env);
+      added.push(step);
+    }
+  } catch (err) {
+    // leave things as they were: the old CA stays, the new one is taken out again
+    for (const step of added) for (const command of stepFor(step.record, newName, next.certPath, true, io.env).commands) await run(command, io.env).catch(() => undefined);
+    rmSync(next.certPath, { force: true });
+    rmSync(next.keyPath, { force: true });
+    throw new Error(`${(err as Error).message}; nothing was rotated (the current CA is unchanged)`);
+  }
+  const retired = await commitRotation(home, current, next);
+  const moved: string[] = [];
+  const failures: string[] = [];
+  for (const step of removals) {
+    try {
+      if (!step.isPresent || (await step.isPresent())) for (const command of step.commands) await run(command, io.env);
+      moved.push(`  ${step.store}: ${step.touches}`);
+    } catch (err) {
+      failures.push(`  ${step.store}: ${step.touches}: ${(err as Error).message}`);
+    }
+  }
+  await writeInstalls(home, installs.map((rec) => ({ ...rec, name: newName })));
+  const lines = [
+    `Rotated the CA: ${newName} replaces ${oldName}. The old key is deleted; its certificate is kept in ${retired}.`,
+    installs.length ? `Moved the trust installs to the new CA:\n${moved.join('\n')}` : 'trust-ca recorded no installs in this home: no trust store to move.',
+    ...(failures.length ? [`Could not remove the old CA from (do it by hand):\n${failures.join('\n')}`] : []),
+    'Programs started by `mitm-replay record`/`env` get the new CA; a shell that ran `eval "$(mitm-replay env)"` before must run it again.',
+  ];
+  io.stdout.write(lines.join('\n') + '\n');
+  return failures.length ? 1 : 0;
 }
 
 function perProcessNote(): string {
@@ -297,7 +423,7 @@ function systemStep(platform: Platform, name: string, certPath: string, uninstal
     const command = uninstall
       ? ['security', 'remove-trusted-cert', '-d', certPath]
       : ['security', 'add-trusted-cert', '-d', '-k', MACOS_KEYCHAIN, certPath];
-    return { store: 'system (macos)', touches: MACOS_KEYCHAIN, commands: [asRoot(command)] };
+    return { store: 'system (macos)', touches: MACOS_KEYCHAIN, commands: [asRoot(command)], record: { store: 'system', platform, name } };
   }
   const store = LINUX_STORES[platform];
   const anchor = `${store.anchorDir}/${name}${store.extension}`;
@@ -307,6 +433,7 @@ function systemStep(platform: Platform, name: string, certPath: string, uninstal
     touches: anchor,
     commands: [asRoot(change), asRoot(store.refresh)],
     isPresent: async () => existsSync(anchor),
+    record: { store: 'system', platform, name },
   };
 }
 
@@ -314,7 +441,7 @@ function nssStep(db: string, name: string, certPath: string, uninstall: boolean,
   const command = uninstall
     ? ['certutil', '-D', '-d', db, '-n', name]
     : ['certutil', '-A', '-d', db, '-t', 'C,,,', '-n', name, '-i', certPath];
-  return { store: 'nss', touches: db, commands: [command], isPresent: () => nssHas(db, name, env) };
+  return { store: 'nss', touches: db, commands: [command], isPresent: () => nssHas(db, name, env), record: { store: 'nss', db, name } };
 }
 
 /** Like mkcert: the user's shared NSS db (Chrome/Chromium on Linux) and every Firefox profile that has one. */

@@ -105,6 +105,11 @@ export class ProxyListener {
   readonly server: net.Server;
   private readonly sockets = new Set<net.Socket>();
 
+  /** the leaf cache: hits, misses and how many hosts it holds */
+  get leafStats(): { hits: number; misses: number; size: number } {
+    return this.deps.minter.stats;
+  }
+
   constructor(private readonly deps: ListenerDeps) {
     this.server = net.createServer((socket) => this.accept(socket));
   }

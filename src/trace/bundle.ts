@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import { gunzipSync, gzipSync } from 'node:zlib';
 import { readWholeTrace, type TraceReader } from './reader.js';
-import { decodeExchange, encodeExchange, isValidTraceName, type StoredExchange, type TraceMeta } from './schema.js';
+import { decodeExchange, encodeExchange, encodeExchangeSections, isValidTraceName, type StoredExchange, type TraceMeta } from './schema.js';
 import type { TraceStore } from './store.js';
 import { dedupe } from './chunking.js';
 
@@ -81,7 +81,13 @@ export async function exportBundle(reader: TraceReader, name: string): Promise<{
 
 /** A bundle (exported, or built in memory from a HAR) as bundle bytes. */
 export function serializeBundle(bundle: Bundle): Buffer {
-  const { chunks, refs } = dedupe(bundle.exchanges.map(encodeExchange));
+  // Each section is chunked on its own: a body's chunks then start at its first byte whatever the record before it
+  // holds, so a resent prefix cuts the same even where content-defined boundaries are rare (a structural body's
+  // long filler runs have none).
+  const sections = bundle.exchanges.map(encodeExchangeSections);
+  const { chunks, refs: sectionRefs } = dedupe(sections.flat());
+  let next = 0;
+  const refs = sections.map((parts) => sectionRefs.slice(next, (next += parts.length)).flat());
   const blobs = [...bundle.blobs];
   const header: BundleHeader = {
     schema: BUNDLE_SCHEMA,

@@ -7,6 +7,8 @@ const MIN_CHUNK = 256;
 const MAX_CHUNK = 16 * 1024;
 /** 11 of the hash's high bits must be zero: boundaries about every 2 KiB */
 const BOUNDARY_MASK = 0xffe00000;
+/** a run of one byte at least this long ends in a boundary */
+const MIN_RUN = 64;
 
 const GEAR = (() => {
   // A fixed table (seeded xorshift), so every version cuts the same bytes the same way.
@@ -26,8 +28,21 @@ export function chunkLengths(data: Buffer): number[] {
   const lengths: number[] = [];
   let start = 0;
   let hash = 0;
+  let run = 0;
   for (let i = 0; i < data.length; i++) {
-    hash = ((hash << 1) + GEAR[data[i]!]!) >>> 0;
+    const byte = data[i]!;
+    // A long run of one byte (a structural trace's filler) holds the hash at one value, so the hash alone would
+    // find no boundary in it: the end of such a run is a boundary too.
+    if (i > 0 && byte !== data[i - 1]) {
+      if (run >= MIN_RUN && i - start >= MIN_CHUNK) {
+        lengths.push(i - start);
+        start = i;
+        hash = 0;
+      }
+      run = 0;
+    }
+    run++;
+    hash = ((hash << 1) + GEAR[byte]!) >>> 0;
     const length = i + 1 - start;
     if ((length >= MIN_CHUNK && (hash & BOUNDARY_MASK) === 0) || length >= MAX_CHUNK) {
       lengths.push(length);

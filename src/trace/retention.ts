@@ -81,9 +81,14 @@ export function isExpired(meta: TraceMeta, policy: RetentionPolicy, now = Date.n
 export interface GcResult {
   deletedTraces: string[];
   deletedBlobs: number;
+  /** body chunks no remaining exchange refers to */
+  deletedChunks: number;
 }
 
-/** Deletes expired traces, then every blob no remaining trace refers to (workspace snapshots and files). */
+/**
+ * Deletes expired traces, then every blob no remaining trace refers to (workspace snapshots and files) and every
+ * body chunk no remaining exchange refers to.
+ */
 export async function collectGarbage(store: TraceStore, policy: RetentionPolicy | null, live: Set<string>, now = Date.now()): Promise<GcResult> {
   const deletedTraces: string[] = [];
   const remaining: TraceMeta[] = [];
@@ -110,5 +115,8 @@ export async function collectGarbage(store: TraceStore, policy: RetentionPolicy 
     await store.deleteBlob(hash);
     deletedBlobs++;
   }
-  return { deletedTraces, deletedBlobs };
+  const deletedChunks = await store.sweepChunks();
+  // the expired payloads leave the files on disk, not just the index
+  if (deletedTraces.length > 0) await store.compact();
+  return { deletedTraces, deletedBlobs, deletedChunks };
 }

@@ -5,7 +5,7 @@ import type { StructuralOptions } from './structural.js';
 export type { Firing };
 
 /** Bumped whenever the stored layout changes in a way older readers cannot read. */
-export const FORMAT_VERSION = 1;
+export const FORMAT_VERSION = 2;
 
 export const TRACE_NAME = /^[A-Za-z0-9._-]{1,64}$/;
 
@@ -129,10 +129,15 @@ const MAGIC = Buffer.from('MRX1');
 
 /** Binary value: magic, JSON length, JSON record, then the four byte sections whose lengths the record gives. */
 export function encodeExchange(ex: StoredExchange): Buffer {
+  return Buffer.concat(encodeExchangeSections(ex));
+}
+
+/** The parts of `encodeExchange`'s value: the record (with magic and length), then the four byte sections. */
+export function encodeExchangeSections(ex: StoredExchange): Buffer[] {
   const json = Buffer.from(JSON.stringify(ex.record));
   const len = Buffer.alloc(4);
   len.writeUInt32BE(json.length);
-  return Buffer.concat([MAGIC, len, json, ex.requestHead, ex.requestBody, ex.responseHead, ex.responseBody]);
+  return [Buffer.concat([MAGIC, len, json]), ex.requestHead, ex.requestBody, ex.responseHead, ex.responseBody];
 }
 
 export function decodeExchange(value: Buffer): StoredExchange {

@@ -1,6 +1,8 @@
 import { createHash } from 'node:crypto';
 import { Level } from 'level';
-import { FORMAT_VERSION, decodeExchange, encodeExchange, type ExchangeRecord, type StoredExchange, type TraceMeta } from './schema.js';
+import { LRUCache } from 'lru-cache';
+import { FORMAT_VERSION, decodeExchange, type ExchangeRecord, type StoredExchange, type TraceMeta } from './schema.js';
+import { chunkRefs, decodeStoredValue, encodeStoredValue } from './stored-value.js';
 
 export interface StoreOptions {
   /** LevelDB's Snappy compression; switched off by tests that scan the files for plaintext. */
@@ -16,17 +18,29 @@ export class StoreFormatError extends Error {}
 const FORMAT_KEY = 'v:format';
 
 /**
- * Every store records its format version. A newer one than this code knows is refused with the reason; an
- * older one would be migrated here (there is no older format yet: version 1 is the first).
+ * Every store records its format version. A newer one than this code knows is refused with the reason; an older
+ * one is migrated when opened (`TraceStore.migrate`). Returns the version found.
  */
-async function checkFormat(db: Level<string, Buffer>, path: string): Promise<void> {
+async function checkFormat(db: Level<string, Buffer>, path: string): Promise<number> {
   const stored = await db.get(FORMAT_KEY);
-  const version = stored === undefined ? FORMAT_VERSION : Number(stored.toString('utf8'));
-  if (!Number.isInteger(version) || version < 1) throw new StoreFormatError(`the trace store ${path} has an unreadable format version '${stored?.toString('utf8')}'; it is damaged or not a mitm-replay store`);
+  if (stored === undefined) {
+    // No version key: a new store, or one written before the key existed (format 1), which has traces.
+    for await (const _ of db.keys({ gte: 't:', lt: 't;', limit: 1 })) return 1;
+    return FORMAT_VERSION;
+  }
+  const version = Number(stored.toString('utf8'));
+  if (!Number.isInteger(version) || version < 1) throw new StoreFormatError(`the trace store ${path} has an unreadable format version '${stored.toString('utf8')}'; it is damaged or not a mitm-replay store`);
   if (version > FORMAT_VERSION) {
     throw new StoreFormatError(`the trace store ${path} was written by a newer mitm-replay (format ${version}; this version reads ${FORMAT_VERSION}): upgrade mitm-replay, or use another --home`);
   }
-  if (stored === undefined) await db.put(FORMAT_KEY, Buffer.from(String(FORMAT_VERSION)));
+  return version;
+}
+
+/** What opening the store did to bring an older format up to date. */
+export interface Migration {
+  from: number;
+  to: number;
+  exchanges: number;
 }
 
 export interface TraceSummary {
@@ -47,6 +61,7 @@ const key = {
   traceRange: (name: string) => ({ gte: `t:${name}:`, lt: `t:${name};` }),
   report: (name: string, runId: string) => `t:${name}:r:${runId}`,
   blob: (hash: string) => `b:${hash}`,
+  chunk: (hash: string) => `c:${hash}`,
   reportRange: (name: string) => ({ gte: `t:${name}:r:`, lt: `t:${name}:r;` }),
 };
 
@@ -60,6 +75,12 @@ export class TraceStore {
   private queuedWaiters: { resolve: () => void; reject: (err: Error) => void }[] = [];
   private flushing: Promise<void> = Promise.resolve();
   private flushScheduled = false;
+  /** body chunks known to be in the store (or queued): a resent prefix is not written again */
+  private readonly knownChunks = new LRUCache<string, true>({ max: 200_000 });
+  /** while a chunk sweep runs: chunks that exchanges written meanwhile refer to, which it must not delete */
+  private sweepPins: Set<string> | null = null;
+  /** set when opening migrated an older store */
+  migration: Migration | null = null;
 
   private constructor(private readonly db: Level<string, Buffer>) {}
 
@@ -76,13 +97,35 @@ export class TraceStore {
       }
       throw err;
     }
+    const store = new TraceStore(db);
     try {
-      await checkFormat(db, path);
+      const version = await checkFormat(db, path);
+      if (version < FORMAT_VERSION) store.migration = await store.migrate(version);
+      else await db.put(FORMAT_KEY, Buffer.from(String(FORMAT_VERSION)));
     } catch (err) {
       await db.close();
       throw err;
     }
-    return new TraceStore(db);
+    return store;
+  }
+
+  /**
+   * Format 1 → 2: exchange values kept their bodies inline; now large bodies are content-defined chunks stored
+   * once. Each exchange is rewritten in one batch with its chunks, and both formats decode, so a migration cut
+   * short (a crash) leaves a readable store and simply continues on the next open. The version is written last.
+   */
+  private async migrate(from: number): Promise<Migration> {
+    let exchanges = 0;
+    for await (const [k, v] of this.db.iterator({ gte: 't:', lt: 't;' })) {
+      if (!k.includes(':x:') || !v.subarray(0, 4).equals(Buffer.from('MRX1'))) continue;
+      const { value, chunks } = encodeStoredValue(decodeExchange(v));
+      await this.db.batch([...[...chunks].map(([hash, chunk]) => ({ type: 'put' as const, key: key.chunk(hash), value: chunk })), { type: 'put' as const, key: k, value }]);
+      exchanges++;
+    }
+    await this.db.put(FORMAT_KEY, Buffer.from(String(FORMAT_VERSION)));
+    // the format-1 values leave the files
+    if (exchanges > 0) await this.compact();
+    return { from, to: FORMAT_VERSION, exchanges };
   }
 
   async close(): Promise<void> {
@@ -110,6 +153,7 @@ export class TraceStore {
     if (this.queued.size === 0) return this.flushing;
     const ops = [...this.queued].map(([k, value]) => ({ type: 'put' as const, key: k, value }));
     const waiters = this.queuedWaiters;
+    const chunkKeys = ops.filter((op) => op.key.startsWith('c:')).map((op) => op.key.slice(2));
     this.queued.clear();
     this.queuedWaiters = [];
     this.flushing = this.flushing
@@ -121,7 +165,11 @@ export class TraceStore {
       })
       .then(
         () => waiters.forEach((w) => w.resolve()),
-        (err: Error) => waiters.forEach((w) => w.reject(err)),
+        (err: Error) => {
+          // those chunks are not in the store after all
+          for (const hash of chunkKeys) this.knownChunks.delete(hash);
+          waiters.forEach((w) => w.reject(err));
+        },
       );
     return this.flushing;
   }
@@ -215,18 +263,84 @@ export class TraceStore {
   }
 
   putExchange(name: string, exchange: StoredExchange): Promise<void> {
-    return this.enqueue(key.exchange(name, exchange.record.seq), encodeExchange(exchange));
+    const { value, chunks } = encodeStoredValue(exchange);
+    for (const [hash, chunk] of chunks) {
+      this.sweepPins?.add(hash);
+      if (this.knownChunks.has(hash)) continue;
+      this.knownChunks.set(hash, true);
+      this.queued.set(key.chunk(hash), chunk);
+    }
+    // chunks and the value go in the same batch: a value never refers to a chunk that is not written
+    return this.enqueue(key.exchange(name, exchange.record.seq), value);
+  }
+
+  /** Chunks by hash; `cache` keeps the ones already read (a trace's exchanges share most of theirs). */
+  private async getChunks(hashes: string[], cache?: Map<string, Buffer>): Promise<(Buffer | undefined)[]> {
+    const wanted = [...new Set(hashes.filter((h) => !cache?.has(h)))];
+    const found = new Map<string, Buffer | undefined>();
+    if (wanted.length) {
+      const values = await this.db.getMany(wanted.map(key.chunk));
+      wanted.forEach((hash, i) => {
+        found.set(hash, values[i]);
+        if (values[i]) cache?.set(hash, values[i]);
+      });
+    }
+    return hashes.map((h) => cache?.get(h) ?? found.get(h));
+  }
+
+  private decode(value: Buffer, cache?: Map<string, Buffer>): Promise<StoredExchange> {
+    return decodeStoredValue(value, (hashes) => this.getChunks(hashes, cache));
   }
 
   async getExchange(name: string, seq: number): Promise<StoredExchange | undefined> {
     await this.flushQueue();
     const value = await this.db.get(key.exchange(name, seq));
-    return value === undefined ? undefined : decodeExchange(value);
+    return value === undefined ? undefined : this.decode(value);
   }
 
   async *exchanges(name: string): AsyncGenerator<StoredExchange> {
     await this.flushQueue();
-    for await (const value of this.db.values(key.exchangeRange(name))) yield decodeExchange(value);
+    const cache = new Map<string, Buffer>();
+    for await (const value of this.db.values(key.exchangeRange(name))) yield await this.decode(value, cache);
+  }
+
+  /**
+   * Deletes body chunks no exchange refers to any more (after traces were deleted or made structural). Exchanges
+   * written while it runs pin their chunks, so a chunk a new exchange reuses is never taken from under it.
+   */
+  async sweepChunks(): Promise<number> {
+    this.sweepPins = new Set();
+    try {
+      await this.flushQueue();
+      const referenced = new Set<string>();
+      for await (const [k, v] of this.db.iterator({ gte: 't:', lt: 't;' })) {
+        if (k.includes(':x:')) for (const hash of chunkRefs(v)) referenced.add(hash);
+      }
+      const unreferenced: string[] = [];
+      for await (const k of this.db.keys({ gte: 'c:', lt: 'c;' })) {
+        const hash = k.slice(2);
+        if (!referenced.has(hash) && !this.sweepPins.has(hash)) unreferenced.push(hash);
+      }
+      for (let i = 0; i < unreferenced.length; i += 1000) {
+        const batch = unreferenced.slice(i, i + 1000).filter((hash) => !this.sweepPins!.has(hash));
+        for (const hash of batch) this.knownChunks.delete(hash);
+        await this.db.batch(batch.map((hash) => ({ type: 'del' as const, key: key.chunk(hash) })));
+      }
+      return unreferenced.length;
+    } finally {
+      this.sweepPins = null;
+    }
+  }
+
+  /** Bytes in body chunks and how many there are (for the storage bench and tests). */
+  async chunkStats(): Promise<{ chunks: number; bytes: number }> {
+    let chunks = 0;
+    let bytes = 0;
+    for await (const v of this.db.values({ gte: 'c:', lt: 'c;' })) {
+      chunks++;
+      bytes += v.length;
+    }
+    return { chunks, bytes };
   }
 
   /** Highest sequence number stored for a trace, or -1. */
@@ -246,11 +360,12 @@ export class TraceStore {
     let marked = 0;
     for await (const [k, v] of this.db.iterator({ gte: 't:', lt: 't;' })) {
       if (!k.includes(':x:')) continue;
-      const ex = decodeExchange(v);
+      const ex = await this.decode(v);
       if (ex.record.state !== 'open') continue;
       ex.record.state = 'incomplete';
       ex.record.error ??= { code: 'cut-off', message: 'the recording process stopped before the exchange completed', phase: 'response' };
-      await this.db.put(k, encodeExchange(ex));
+      // its chunks (if any) are in the store already; the value keeps referring to the same ones
+      await this.db.put(k, encodeStoredValue(ex).value);
       marked++;
     }
     return marked;

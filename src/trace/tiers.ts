@@ -12,6 +12,7 @@ export interface ConversionResult {
   deletedReports: number;
   droppedWorkspace: boolean;
   deletedBlobs: number;
+  deletedChunks: number;
 }
 
 /**
@@ -23,6 +24,10 @@ export async function convertToStructural(store: TraceStore, name: string, polic
   const meta = await store.getTrace(name);
   if (!meta) throw new TierError(`no trace named '${name}' (see 'mitm-replay ls')`);
   if (meta.tier === 'structural') throw new TierError(`trace '${name}' is already structural`);
+  // Values still in LevelDB's memtable would be flushed into one table together with what replaces them, and a
+  // compaction may move that table down whole (a "trivial move") instead of rewriting it: flush them first, so
+  // the final compaction merges the old values with their replacements and drops them.
+  await store.compact();
   const exchanges: StoredExchange[] = [];
   for await (const exchange of store.exchanges(name)) exchanges.push(exchange);
   for (const exchange of exchanges) await store.putExchange(name, toStructural(exchange, options));
@@ -30,7 +35,7 @@ export async function convertToStructural(store: TraceStore, name: string, polic
   const updated: TraceMeta = { ...meta, tier: 'structural', structural: options, expiresAt: meta.kept ? meta.expiresAt : expiryFor(policy, meta.createdAt, 'structural') };
   delete updated.workspace;
   await store.putTrace(updated);
-  const { deletedBlobs } = await collectGarbage(store, null, new Set());
+  const { deletedBlobs, deletedChunks } = await collectGarbage(store, null, new Set());
   await store.compact();
-  return { name, exchanges: exchanges.length, deletedReports, droppedWorkspace: meta.workspace !== undefined, deletedBlobs };
+  return { name, exchanges: exchanges.length, deletedReports, droppedWorkspace: meta.workspace !== undefined, deletedBlobs, deletedChunks };
 }

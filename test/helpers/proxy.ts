@@ -44,8 +44,8 @@ export function captureLogs(lines: string[]): Writable {
   });
 }
 
-export async function startHarness(options: Partial<DaemonOptions> & { upstreamPlain?: boolean; interceptExtra?: string[] } = {}): Promise<Harness> {
-  const upstreamCa = await createTestCa();
+export async function startHarness(options: Partial<DaemonOptions> & { upstreamPlain?: boolean; interceptExtra?: string[]; upstreamNames?: string[] } = {}): Promise<Harness> {
+  const upstreamCa = await createTestCa(options.upstreamNames);
   const upstream = await startTestUpstream({ tls: options.upstreamPlain ? null : { certPem: upstreamCa.certPem, keyPem: upstreamCa.keyPem } });
   const home = options.home ?? tempHome();
   const logs: string[] = [];
