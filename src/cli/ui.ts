@@ -67,7 +67,8 @@ export async function runUi(argv: string[]): Promise<number> {
     const reader = await openTraceReader(home);
     const target = await checkTarget(reader, trace, run).finally(() => reader.close());
     console.log(uiLoginUrl(loopbackFor(client.state.host), client.state.port, client.state.token, target.trace, target.run));
-    process.stderr.write(`mitm-replay: the daemon (pid ${client.state.pid}) serves the trace viewer; the URL signs one browser in\n`);
+    const lifetime = client.state.ephemeral ? " (it was started by a running 'record' or 'replay' and stops with it)" : '';
+    process.stderr.write(`mitm-replay: the daemon (pid ${client.state.pid}) serves the trace viewer${lifetime}; the URL signs one browser in\n`);
     return 0;
   }
 
