@@ -15,12 +15,13 @@ import { ReplayError, ReplayPlayer, type ReplayOptions } from './replay/player.j
 import type { ReplayReport } from './replay/verdict.js';
 import { UpstreamPool } from './proxy/upstream.js';
 import { FORMAT_VERSION, defaultTraceName, encodeExchange, isValidTraceName, type TraceMeta, type WorkspaceMeta } from './trace/schema.js';
-import { listTraces, traceRecords } from './trace/reader.js';
+import { listTraces, storeReader, traceRecords } from './trace/reader.js';
+import { UiService } from './ui/server.js';
 import { BundleError, importBundle, parseBundle } from './trace/bundle.js';
 import { convertToStructural, TierError, type ConversionResult } from './trace/tiers.js';
 import { RetentionConfigError, loadStructuralOptions, collectGarbage, expiresAt, expiryFor, isExpired, loadRetention, type RetentionPolicy } from './trace/retention.js';
 import type { FileChange } from './launch/workspace.js';
-import type { ReplayOutcome } from './replay/verdict.js';
+import type { CompareTag, ReplayOutcome } from './replay/verdict.js';
 import { TraceStore, type TraceSummary } from './trace/store.js';
 
 export { VERSION } from './version.js';
@@ -103,6 +104,8 @@ export interface SessionResult {
   workspaceDiff?: FileChange[];
   /** replay: how the run ended compared with the recording */
   outcome?: ReplayOutcome;
+  /** replay run of `compare`: which invocation and arm (kept in the report) */
+  compare?: CompareTag;
 }
 
 export type SessionEnd =
@@ -147,6 +150,8 @@ export class Daemon {
   private idleWaiters: (() => void)[] = [];
   port = 0;
   host = '127.0.0.1';
+  /** the trace viewer, under /__mitm-replay/ui/ on the listener (the control token signs a browser in) */
+  readonly ui: UiService;
 
   private constructor(
     readonly options: DaemonOptions,
@@ -159,7 +164,15 @@ export class Daemon {
     readonly anonymousTraceName: string,
     readonly sessions: SessionRegistry,
     readonly retention: RetentionPolicy,
-  ) {}
+  ) {
+    this.ui = new UiService({
+      token: this.token,
+      // the daemon's own store; the viewer never closes it
+      reader: { ...storeReader(store), close: async () => undefined },
+      policy: () => this.retention,
+      port: () => this.port,
+    });
+  }
 
   static async start(options: DaemonOptions): Promise<Daemon> {
     const paths = ensureHome(options.home);
@@ -214,6 +227,7 @@ export class Daemon {
       anonymousTarget: () => self!.anonymousTarget(),
       control: (method, path, authorization, body) => self!.control(method, path, authorization, body),
       controlAuthorized: (authorization) => self!.controlAuthorized(authorization),
+      ui: (request) => self!.ui.handle(request),
       isSelf: (host, port) => self?.isSelf(host, port) ?? false,
       listenHost: () => self?.host ?? '127.0.0.1',
       timeouts: options.timeouts ?? DEFAULT_TIMEOUTS,

@@ -184,7 +184,7 @@ describe('daemon + env: an agent started by hand', () => {
 });
 
 describe('--help on every command', () => {
-  for (const command of ['daemon', 'record', 'env', 'trust-ca', 'replay', 'report', 'end', 'compare', 'ls', 'show', 'export', 'import', 'keep', 'gc', 'tier']) {
+  for (const command of ['daemon', 'record', 'env', 'trust-ca', 'replay', 'report', 'end', 'compare', 'ls', 'show', 'export', 'import', 'keep', 'gc', 'tier', 'ui']) {
     it(`${command} --help`, async () => {
       const result = await runCli([command, '--help']);
       expect(result.code).toBe(0);

@@ -4,6 +4,7 @@ import { REPLAY_FLAGS, REPLAY_HELP, replayOnce, withReplayContext } from './repl
 import { formatComparison, readComparison } from '../replay/compare.js';
 import { repeatCount } from '../replay/tally.js';
 import type { ReplayReport } from '../replay/verdict.js';
+import { newRunId } from '../replay/player.js';
 
 export const COMPARE_HELP = `usage: mitm-replay compare [NAME|last] [--repeat N] --control 'UNPATCHED CMD' [replay options] -- PATCHED CMD [ARGS...]
 
@@ -40,6 +41,8 @@ export async function runCompare(argv: string[]): Promise<number> {
   const patched = args.rest;
   const jsonFile = flag(args, 'json');
   return withReplayContext('compare', args, args.positionals[0], async (ctx) => {
+    // Every run's report carries this invocation's id and its arm, so the trace viewer can rebuild the table.
+    const compareId = newRunId().replace(/^r-/, 'c-');
     const controlRuns: ReplayReport[] = [];
     const patchedRuns: ReplayReport[] = [];
     for (let i = 0; i < repeat; i++) {
@@ -48,7 +51,7 @@ export async function runCompare(argv: string[]): Promise<number> {
         ['control', ['sh', '-c', control], controlRuns],
         ['patched', patched, patchedRuns],
       ] as const) {
-        const report = await replayOnce(ctx, [...command]);
+        const report = await replayOnce(ctx, [...command], { id: compareId, arm });
         process.stderr.write(`mitm-replay: ${arm} run ${report.runId}: ${report.line}\n`);
         runs.push(report);
       }

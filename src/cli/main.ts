@@ -12,6 +12,7 @@ import { runRecord } from './record.js';
 import { runReplay } from './replay.js';
 import { runReport } from './report.js';
 import { runTrustCa } from './trust-ca.js';
+import { runUi } from './ui.js';
 import { VERSION } from '../daemon.js';
 import { DaemonError } from '../daemon.js';
 import { DaemonClientError } from '../daemon-client.js';
@@ -28,7 +29,8 @@ commands:
   report     show a replay's verdict and divergences again
   ls         list the traces
   show       list a trace's exchanges, or print one decoded
-  export     write a trace to a portable bundle file (--bundle FILE)
+  ui         the trace viewer in a browser: timelines, decoded exchanges, replay diffs
+  export     write a trace to a portable bundle file (--bundle FILE), HAR (--har) or one HTML page (--html)
   import     import a bundle made by export
   keep       pin a trace so it never expires (--release undoes it)
   gc         delete expired traces and unreferenced blobs
@@ -47,6 +49,7 @@ const COMMANDS: Record<string, (argv: string[]) => Promise<number>> = {
   report: runReport,
   ls: runLs,
   show: runShow,
+  ui: runUi,
   export: runExport,
   import: runImport,
   keep: runKeep,

@@ -8,7 +8,7 @@ import { StoreFormatError } from '../trace/store.js';
 import { DaemonError } from '../daemon.js';
 import { DaemonClientError } from '../daemon-client.js';
 import { InterceptListError, parseInterceptList } from '../proxy/intercept.js';
-import { replayExitCode, type ReplayReport } from '../replay/verdict.js';
+import { replayExitCode, type CompareTag, type ReplayReport } from '../replay/verdict.js';
 import { repeatCount, tally, tallyLine } from '../replay/tally.js';
 import { isValidTraceName } from '../trace/schema.js';
 
@@ -89,7 +89,7 @@ export interface ReplayContext {
  * One replay run: prepare its own workspace (sandbox), open a replay session, run the command, compare the
  * outcome, end the session. The report is stored with the trace.
  */
-export async function replayOnce(ctx: ReplayContext, command: string[]): Promise<ReplayReport> {
+export async function replayOnce(ctx: ReplayContext, command: string[], compare?: CompareTag): Promise<ReplayReport> {
   const { args, access, meta, options, home } = ctx;
   const workspace = await prepareReplayWorkspace(args, meta, access.blobs, home);
   let backend: Backend;
@@ -121,7 +121,7 @@ export async function replayOnce(ctx: ReplayContext, command: string[]): Promise
   }
   const exitCode = exitCodeOf(exit);
   const outcome = await replayOutcome(workspace, meta, exitCode, access.blobs, has(args, 'keep'));
-  const ended = await backend.end({ exitCode, signal: exit.signal ?? undefined, outcome });
+  const ended = await backend.end({ exitCode, signal: exit.signal ?? undefined, outcome, compare });
   if (ended.mode !== 'replay') throw new Error('expected a replay session');
   return ended.report;
 }

@@ -9,6 +9,7 @@ import { headerValue, type RequestHead } from './http1.js';
 import { isIntercepted } from './intercept.js';
 import { safeDecode, type SessionLookup, type SessionRegistry, type SessionTarget } from './sessions.js';
 import { ReplayHandler } from '../replay/serve.js';
+import { UI_PREFIX, type UiRequest } from '../ui/server.js';
 import type { UpstreamPool } from './upstream.js';
 
 /** TLS handshakes in progress at once (see terminateTls), and how long one may take. */
@@ -52,6 +53,8 @@ export interface ListenerDeps {
   anonymousTarget: () => Promise<SessionTarget>;
   control: (method: string, path: string, authorization: string | undefined, body: Buffer) => Promise<LocalResponse>;
   controlAuthorized: (authorization: string | undefined) => boolean;
+  /** the trace viewer (its own cookie auth, loopback only) */
+  ui?: (request: UiRequest) => Promise<LocalResponse>;
   timeouts: ConnectionTimeouts;
   /** every request must carry session credentials (a daemon listening beyond loopback, --allow-remote) */
   requireCredentials?: boolean;
@@ -282,6 +285,11 @@ export class ProxyListener {
       return { kind: 'local', maxBody: 512 * 1024 * 1024, respond: (body) => this.deps.control(head.method, head.target.slice(CONTROL_PREFIX.length - 1), authorization, body) };
     }
     if (head.target.startsWith(BASE_ROUTE_PREFIX)) return this.dispatchBaseRoute(head, socket);
+    const ui = this.deps.ui;
+    if (ui && (head.target.startsWith(UI_PREFIX) || head.target === UI_PREFIX.slice(0, -1))) {
+      const request: UiRequest = { method: head.method, target: head.target, header: (name) => headerValue(head, name), remoteAddress: socket.remoteAddress };
+      return { kind: 'local', respond: () => ui(request) };
+    }
     if (/^https?:\/\//i.test(head.target)) return this.dispatchAbsolute(head, socket);
     return refuse(400, `this is the mitm-replay proxy; send requests through it as a proxy (HTTPS_PROXY=http://${'127.0.0.1'}:PORT) or see 'mitm-replay env'`);
   }

@@ -478,12 +478,16 @@ function diffJson(recorded: unknown, replayed: unknown, walk: JsonWalk): void {
 
 /** `messages[0].content`; `["weird key"]` for keys that are not identifiers; `$` for the root. */
 function formatPath(at: PathNode | null): string {
-  if (at === null) return '$';
   const keys: (string | number)[] = [];
   for (let n: PathNode | null = at; n; n = n.parent) keys.push(n.key);
+  return formatJsonPath(keys.reverse());
+}
+
+/** The path notation of `JsonDifference.path` for keys from the root (the trace viewer highlights by it). */
+export function formatJsonPath(keys: readonly (string | number)[]): string {
+  if (keys.length === 0) return '$';
   let path = '';
-  for (let i = keys.length - 1; i >= 0; i--) {
-    const key = keys[i]!;
+  for (const key of keys) {
     if (typeof key === 'number') path += `[${key}]`;
     else if (IDENTIFIER.test(key)) path += path ? `.${key}` : key;
     else path += `[${JSON.stringify(key)}]`;

@@ -2,10 +2,11 @@ import { randomBytes } from 'node:crypto';
 import { Redactor } from '../capture/redact.js';
 import type { Origin, Route, StoredExchange, TraceMeta } from '../trace/schema.js';
 import type { TraceStore } from '../trace/store.js';
+import { bodyText, decodedBody, type BodyText } from '../trace/inspect.js';
 import { explainDivergence, type Divergence } from './divergence.js';
 import { Matcher, endpointOf, requestHash, type Recording } from './matcher.js';
 import { DEFAULT_STRUCTURAL, type StructuralOptions } from '../trace/structural.js';
-import { buildReport, type ReplayOutcome, type ReplayReport } from './verdict.js';
+import { buildReport, type CompareTag, type ReplayOutcome, type ReplayReport } from './verdict.js';
 
 export interface ReplayOptions {
   diagnostic: boolean;
@@ -40,6 +41,21 @@ export interface RequestOutcome {
   served: boolean;
   divergenceId: string | null;
   divergence: Divergence | null;
+  /** diverged and missing requests: what the agent sent (redacted stored form, body decoded), for side-by-side views */
+  replayedRequest?: ReplayedRequest;
+}
+
+/** A replayed request as the report keeps it: redacted head, decoded body (at most MAX_REPORTED_BODY bytes). */
+export interface ReplayedRequest {
+  head: string;
+  body: BodyText;
+}
+
+/** Per diverged or missing request; a report is JSON in the store, so whole 10 MB conversations stay out of it. */
+export const MAX_REPORTED_BODY = 256 * 1024;
+
+function replayedRequestOf(head: Buffer, body: Buffer): ReplayedRequest {
+  return { head: head.toString('latin1'), body: bodyText(decodedBody(head, body), MAX_REPORTED_BODY) };
 }
 
 export interface TunnelOutcome {
@@ -138,6 +154,7 @@ export class ReplayPlayer {
       return { kind: 'serve', exchange: match.recording.exchange, outcome, divergenceId: null };
     }
     const ordinal = `request ${position + 1} to ${endpoint}`;
+    outcome.replayedRequest = replayedRequestOf(request.head, request.body);
     if (match.kind === 'missing') {
       return { kind: 'refuse', outcome, reason: `mitm-replay: trace '${this.trace}' has no unused recording for ${ordinal} (the agent asked more than was recorded)` };
     }
@@ -165,7 +182,7 @@ export class ReplayPlayer {
     this.tunnels.push({ host, port, allowed });
   }
 
-  report(child: { exitCode?: number; signal?: string; outcome?: ReplayOutcome } = {}): ReplayReport {
+  report(child: { exitCode?: number; signal?: string; outcome?: ReplayOutcome; compare?: CompareTag } = {}): ReplayReport {
     return buildReport(this, child);
   }
 }

@@ -48,6 +48,13 @@ export interface ReplayOutcome {
   differences: FileDifference[];
 }
 
+/** Which `compare` run and arm a report belongs to (absent for plain replays). */
+export interface CompareTag {
+  /** shared by every run of one `compare` invocation */
+  id: string;
+  arm: 'control' | 'patched';
+}
+
 export interface ReplayReport {
   schema: typeof REPORT_SCHEMA;
   runId: string;
@@ -64,6 +71,8 @@ export interface ReplayReport {
   requests: RequestOutcome[];
   unused: UnusedRecording[];
   tunnels: TunnelOutcome[];
+  /** set by `compare`: the trace viewer groups its runs into the control/patched table */
+  compare?: CompareTag;
 }
 
 export function computeVerdict(player: ReplayPlayer): Verdict {
@@ -113,7 +122,7 @@ export function verdictLine(v: Verdict, outcome: ReplayOutcome | null = null): s
   return `verdict: ${parts.join(' ')} -> ${v.ending}`;
 }
 
-export function buildReport(player: ReplayPlayer, child: { exitCode?: number; signal?: string; outcome?: ReplayOutcome }): ReplayReport {
+export function buildReport(player: ReplayPlayer, child: { exitCode?: number; signal?: string; outcome?: ReplayOutcome; compare?: CompareTag }): ReplayReport {
   const verdict = computeVerdict(player);
   const outcome = child.outcome ?? null;
   return {
@@ -131,6 +140,7 @@ export function buildReport(player: ReplayPlayer, child: { exitCode?: number; si
     requests: player.outcomes,
     unused: player.matcher.unused.map((r) => ({ seq: r.seq, endpoint: r.endpoint, position: r.position, requestHash: r.hash })),
     tunnels: player.tunnels,
+    ...(child.compare ? { compare: child.compare } : {}),
   };
 }
 

@@ -118,7 +118,12 @@ function entry(ex: StoredExchange): unknown {
 }
 
 /** Each SSE frame with the offset (ms from the request start) of the chunk in which it completed. */
-function frameOffsets(ex: StoredExchange, frames: string[]): { offsetMs: number; data: string }[] {
+export function frameOffsets(ex: StoredExchange, frames: string[]): { offsetMs: number; data: string }[] {
+  return frameTimings(ex, frames).map(({ offsetMs, data }) => ({ offsetMs, data }));
+}
+
+/** As frameOffsets, plus where each frame starts in the stored (wire) body; -1 when it was not found there. */
+export function frameTimings(ex: StoredExchange, frames: string[]): { offsetMs: number; byteOffset: number; data: string }[] {
   const chunks = ex.record.response?.chunks ?? [];
   const wire = ex.responseBody.toString('latin1');
   let searchFrom = 0;
@@ -135,7 +140,7 @@ function frameOffsets(ex: StoredExchange, frames: string[]): { offsetMs: number;
         break;
       }
     }
-    return { offsetMs, data: frame };
+    return { offsetMs, byteOffset: at, data: frame };
   });
 }
 

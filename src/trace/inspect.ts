@@ -96,3 +96,31 @@ export function inspectExchange(ex: StoredExchange): ExchangeInsight {
     toolCalls: [...new Set(found.tools)],
   };
 }
+
+/** A body as text for a report or the trace viewer: UTF-8 when it is valid UTF-8, else base64; at most `max` bytes. */
+export interface BodyText {
+  text: string;
+  encoding: 'utf8' | 'base64';
+  /** the whole body's length */
+  bytes: number;
+  /** how many of its bytes `text` holds */
+  shown: number;
+  truncated: boolean;
+}
+
+export function bodyText(body: Buffer, max: number): BodyText {
+  const truncated = body.length > max;
+  let part = truncated ? body.subarray(0, max) : body;
+  const utf8 = part.toString('utf8');
+  if (Buffer.byteLength(utf8) === part.length && !utf8.includes('\uFFFD')) return { text: utf8, encoding: 'utf8', bytes: body.length, shown: part.length, truncated };
+  // A cut through a multi-byte character is not binary: drop the partial character at the end.
+  if (truncated) {
+    for (let back = 1; back <= 3 && part.length > 0; back++) {
+      part = body.subarray(0, max - back);
+      const text = part.toString('utf8');
+      if (!text.includes('\uFFFD')) return { text, encoding: 'utf8', bytes: body.length, shown: part.length, truncated };
+    }
+    part = body.subarray(0, max);
+  }
+  return { text: part.toString('base64'), encoding: 'base64', bytes: body.length, shown: part.length, truncated };
+}

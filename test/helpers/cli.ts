@@ -77,3 +77,11 @@ export function pythonWithHttpx(): string | null {
   if (process.env.CI === 'true') throw new Error('python3-httpx is required under CI=true but is not installed (see .ci/run)');
   return null;
 }
+
+/** Debian's chromium (driven by playwright-core, which downloads no browser); under CI=true its absence fails. */
+export const CHROMIUM = '/usr/bin/chromium';
+export function haveChromium(): boolean {
+  if (existsSync(CHROMIUM)) return true;
+  if (process.env.CI === 'true') throw new Error('chromium is required under CI=true but is not installed (see .ci/run)');
+  return false;
+}
