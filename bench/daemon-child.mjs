@@ -9,7 +9,8 @@
  *   { type: 'profile-start', intervalUs? } / { type: 'profile-stop', file } → V8 CPU profile of THIS process
  *     (node:inspector, sampling every intervalUs µs, default 500; the .cpuprofile format `node --cpu-prof` writes)
  *   { type: 'memory' } → heap after a forced GC (when forked with --expose-gc), RSS, live sessions
- *   { type: 'counts' } → open fds, connection listeners, open client connections, leaf cache stats, exchanges stored
+ *   { type: 'counts', exchanges? } → open fds (by kind), connection listeners, open client connections, leaf cache
+ *     stats, RSS; with exchanges: true also the exchanges stored (reads every record)
  *   { type: 'stop' }                                        → stops the daemon and exits
  * Exits on its own when the parent goes away.
  */
@@ -32,6 +33,12 @@ let inspector = null;
 
 const post = (session, method, params = {}) =>
   new Promise((resolve, reject) => session.post(method, params, (err, result) => (err ? reject(err) : resolve(result))));
+
+async function countExchanges() {
+  let exchanges = 0;
+  for (const meta of await daemon.store.listTraces()) exchanges += (await daemon.store.summarize(meta.name)).exchanges;
+  return exchanges;
+}
 
 const handlers = {
   async start({ home, upstreamPort, upstreamCaPem, intercept = ['*'], logLevel, leafCacheSize }) {
@@ -79,9 +86,7 @@ const handlers = {
     const mb = (x) => Math.round(x / 1048576);
     return { gc: typeof globalThis.gc === 'function', heapUsedMb: mb(m.heapUsed), rssMb: mb(m.rss), externalMb: mb(m.external + m.arrayBuffers), sessions: daemon?.sessions.all().length ?? 0 };
   },
-  async counts() {
-    let exchanges = 0;
-    for (const meta of await daemon.store.listTraces()) exchanges += (await daemon.store.summarize(meta.name)).exchanges;
+  async counts({ exchanges = false }) {
     // what the descriptors are: sockets, pipes, files (by directory), for a leak's first clue
     const kinds = {};
     for (const fd of readdirSync('/proc/self/fd')) {
@@ -99,7 +104,8 @@ const handlers = {
       connectionListeners: daemon.listener.server.listenerCount('connection'),
       openConnections: daemon.listener.openConnections,
       leaf: daemon.listener.leafStats,
-      exchanges,
+      // reading every record is heavy: only when asked (before and after a run, not while sampling)
+      exchanges: exchanges ? await countExchanges() : undefined,
       rssMb: Math.round(process.memoryUsage().rss / 1048576),
     };
   },

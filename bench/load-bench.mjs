@@ -153,16 +153,22 @@ try {
   // warm: the leaf for api.load.test, the trace, the upstream pool
   await closedLoop(daemon, secureContext, 1, 300);
   await sleep(5000); // the upstream pool's idle connections (4 s) go, so the counts below are a resting daemon's
-  const before = await rpc(daemon.child, 'counts');
+  const before = await rpc(daemon.child, 'counts', { exchanges: true }, 120_000);
   let expected = before.exchanges;
   console.error(`[load-bench] resting daemon: ${before.fds} fds, ${before.connectionListeners} connection listeners, RSS ${mb(before.rssMb)}`);
 
   // after each phase, once idle connections had their time to go: descriptors per phase, to place a leak
   const phaseFds = [];
+  // (the upstream pool keeps an idle connection per origin for 4 s: after the memory phase that is up to one per
+  // host, so wait until they are gone, up to 15 s, and say how long it took)
   const settle = async (phase) => {
-    await sleep(5000);
-    const counts = await rpc(daemon.child, 'counts');
-    phaseFds.push({ phase, fds: counts.fds, sockets: counts.fdKinds.socket ?? 0 });
+    const start = now();
+    let counts;
+    do {
+      await sleep(1000);
+      counts = await rpc(daemon.child, 'counts');
+    } while (counts.fds > before.fds && now() - start < 15_000);
+    phaseFds.push({ phase, fds: counts.fds, sockets: counts.fdKinds.socket ?? 0, seconds: (now() - start) / 1000 });
   };
   console.error('[load-bench] streams…');
   const streams = await streamsPhase(daemon, secureContext);
@@ -195,7 +201,7 @@ try {
   expected += CONFIG.memoryConnections;
 
   await settle('memory');
-  const after = await rpc(daemon.child, 'counts');
+  const after = await rpc(daemon.child, 'counts', { exchanges: true }, 120_000);
   await rpc(daemon.child, 'stop', {}, 15_000).catch(() => undefined);
 
   console.log(`\n## Load (${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC${QUICK ? ', --quick' : ''})\n`);
@@ -215,7 +221,7 @@ try {
   const stored = after.exchanges - before.exchanges;
   const sent = expected - before.exchanges;
   console.log(`\nStored: ${fmt(stored)} exchanges for ${fmt(sent)} requests (${stored === sent ? 'all' : 'MISMATCH'}).`);
-  console.log(`Descriptors after each phase (5 s after it ended): ${phaseFds.map((p) => `${p.phase} ${p.fds} (${p.sockets} sockets)`).join(', ')}.`);
+  console.log(`Descriptors after each phase: ${phaseFds.map((p) => `${p.phase} ${p.fds} (${p.sockets} sockets) after ${fmt(p.seconds)} s`).join(', ')}.`);
   console.error(`[load-bench] descriptors before ${JSON.stringify(before.fdKinds)}, after ${JSON.stringify(after.fdKinds)}`);
   console.log(`Resting daemon before → after: fds ${before.fds} → ${after.fds}, connection listeners ${before.connectionListeners} → ${after.connectionListeners}, open connections ${before.openConnections} → ${after.openConnections}, RSS ${mb(before.rssMb)} → ${mb(after.rssMb)}.`);
   const ok = stored === sent && after.fds <= before.fds && after.connectionListeners === before.connectionListeners && after.openConnections === 0 && memory.errors === 0 && sustained.errors === 0 && streams.every((r) => !r.errors);
