@@ -148,12 +148,13 @@ async function memoryPhase(daemon, secureContext) {
 try {
   const ca = createBenchCa(['127.0.0.1', '*.load.test']);
   const upstream = await procs.startUpstream({ certPem: ca.certPem, keyPem: ca.keyPem });
-  const daemon = await procs.startDaemon({ home: procs.tempDir('mitm-replay-load-home-'), upstreamPort: upstream.port, upstreamCaPem: ca.caCertPem, leafCacheSize: CONFIG.leafCap });
+  const daemon = await procs.startDaemon({ home: procs.tempDir('mitm-replay-load-home-'), upstreamPort: upstream.port, upstreamCaPem: ca.caCertPem, leafCacheSize: CONFIG.leafCap, execArgv: ['--expose-gc'] });
   const secureContext = createSecureContext({ ca: daemon.caPem });
   // warm: the leaf for api.load.test, the trace, the upstream pool
   await closedLoop(daemon, secureContext, 1, 300);
   await sleep(5000); // the upstream pool's idle connections (4 s) go, so the counts below are a resting daemon's
   const before = await rpc(daemon.child, 'counts', { exchanges: true }, 120_000);
+  const heapBefore = await rpc(daemon.child, 'memory');
   let expected = before.exchanges;
   console.error(`[load-bench] resting daemon: ${before.fds} fds, ${before.connectionListeners} connection listeners, RSS ${mb(before.rssMb)}`);
 
@@ -202,6 +203,8 @@ try {
 
   await settle('memory');
   const after = await rpc(daemon.child, 'counts', { exchanges: true }, 120_000);
+  // RSS keeps what V8 and the allocator grew to; the heap after a forced GC is what is really held
+  const heapAfter = await rpc(daemon.child, 'memory');
   await rpc(daemon.child, 'stop', {}, 15_000).catch(() => undefined);
 
   console.log(`\n## Load (${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC${QUICK ? ', --quick' : ''})\n`);
@@ -223,7 +226,7 @@ try {
   console.log(`\nStored: ${fmt(stored)} exchanges for ${fmt(sent)} requests (${stored === sent ? 'all' : 'MISMATCH'}).`);
   console.log(`Descriptors after each phase: ${phaseFds.map((p) => `${p.phase} ${p.fds} (${p.sockets} sockets) after ${fmt(p.seconds)} s`).join(', ')}.`);
   console.error(`[load-bench] descriptors before ${JSON.stringify(before.fdKinds)}, after ${JSON.stringify(after.fdKinds)}`);
-  console.log(`Resting daemon before → after: fds ${before.fds} → ${after.fds}, connection listeners ${before.connectionListeners} → ${after.connectionListeners}, open connections ${before.openConnections} → ${after.openConnections}, RSS ${mb(before.rssMb)} → ${mb(after.rssMb)}.`);
+  console.log(`Resting daemon before → after: fds ${before.fds} → ${after.fds}, connection listeners ${before.connectionListeners} → ${after.connectionListeners}, open connections ${before.openConnections} → ${after.openConnections}, RSS ${mb(before.rssMb)} → ${mb(after.rssMb)}, JS heap after a forced GC ${mb(heapBefore.heapUsedMb)} → ${mb(heapAfter.heapUsedMb)} (external ${mb(heapBefore.externalMb)} → ${mb(heapAfter.externalMb)}).`);
   const ok = stored === sent && after.fds <= before.fds && after.connectionListeners === before.connectionListeners && after.openConnections === 0 && memory.errors === 0 && sustained.errors === 0 && streams.every((r) => !r.errors);
   console.log(ok ? '\nall checks passed' : '\nSOME CHECKS FAILED');
   process.exitCode = ok ? 0 : 1;
