@@ -37,7 +37,7 @@ export async function listTraces(store: TraceStore): Promise<TraceListing[]> {
 
 export async function traceRecords(store: TraceStore, name: string): Promise<ExchangeRecord[]> {
   const records: ExchangeRecord[] = [];
-  for await (const { record } of store.exchanges(name)) records.push(record);
+  for await (const record of store.records(name)) records.push(record);
   return records;
 }
 

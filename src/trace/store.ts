@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import { Level } from 'level';
 import { LRUCache } from 'lru-cache';
 import { FORMAT_VERSION, decodeExchange, type ExchangeRecord, type StoredExchange, type TraceMeta } from './schema.js';
-import { chunkRefs, decodeStoredValue, encodeStoredValue } from './stored-value.js';
+import { chunkRefs, decodeStoredValue, encodeStoredValue, recordOf } from './stored-value.js';
 
 export interface StoreOptions {
   /** LevelDB's Snappy compression; switched off by tests that scan the files for plaintext. */
@@ -304,6 +304,12 @@ export class TraceStore {
     for await (const value of this.db.values(key.exchangeRange(name))) yield await this.decode(value, cache);
   }
 
+  /** A trace's exchange records without their bytes: no body is read or joined from its chunks. */
+  async *records(name: string): AsyncGenerator<ExchangeRecord> {
+    await this.flushQueue();
+    for await (const value of this.db.values(key.exchangeRange(name))) yield recordOf(value);
+  }
+
   /**
    * Deletes body chunks no exchange refers to any more (after traces were deleted or made structural). Exchanges
    * written while it runs pin their chunks, so a chunk a new exchange reuses is never taken from under it.
@@ -374,9 +380,7 @@ export class TraceStore {
   async summarize(name: string): Promise<TraceSummary> {
     const summary: TraceSummary = { exchanges: 0, complete: 0, incomplete: 0, errors: 0, bytesUp: 0, bytesDown: 0, tunnelledHosts: [] };
     const tunnelled = new Set<string>();
-    for await (const { record } of this.exchanges(name)) {
-      summarizeRecord(summary, tunnelled, record);
-    }
+    for await (const record of this.records(name)) summarizeRecord(summary, tunnelled, record);
     summary.tunnelledHosts = [...tunnelled].sort();
     return summary;
   }

@@ -90,6 +90,11 @@ function parse(value: Buffer): Parsed {
 
 const isFormat2 = (value: Buffer) => value.subarray(0, 4).equals(MAGIC);
 
+/** Just the record of a stored value of either format (both start with magic, JSON length, JSON). */
+export function recordOf(value: Buffer): ExchangeRecord {
+  return JSON.parse(value.toString('utf8', 8, 8 + value.readUInt32BE(4))) as ExchangeRecord;
+}
+
 /** The chunks a stored value refers to (none for a format-1 value). */
 export function chunkRefs(value: Buffer): string[] {
   if (!isFormat2(value)) return [];
