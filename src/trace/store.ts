@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import { Level } from 'level';
 import { LRUCache } from 'lru-cache';
 import { FORMAT_VERSION, decodeExchange, type ExchangeRecord, type StoredExchange, type TraceMeta } from './schema.js';
-import { chunkRefs, decodeStoredValue, encodeStoredValue, recordOf } from './stored-value.js';
+import { chunkRefs, decodeStoredValue, encodeStoredValue, isFormat2, recordOf } from './stored-value.js';
 
 export interface StoreOptions {
   /** LevelDB's Snappy compression; switched off by tests that scan the files for plaintext. */
@@ -76,7 +76,7 @@ export class TraceStore {
   private flushing: Promise<void> = Promise.resolve();
   private flushScheduled = false;
   /** body chunks known to be in the store (or queued): a resent prefix is not written again */
-  private readonly knownChunks = new LRUCache<string, true>({ max: 200_000 });
+  private readonly knownChunks = new LRUCache<string, true>({ max: 50_000 });
   /** while a chunk sweep runs: chunks that exchanges written meanwhile refer to, which it must not delete */
   private sweepPins: Set<string> | null = null;
   /** set when opening migrated an older store */
@@ -117,7 +117,7 @@ export class TraceStore {
   private async migrate(from: number): Promise<Migration> {
     let exchanges = 0;
     for await (const [k, v] of this.db.iterator({ gte: 't:', lt: 't;' })) {
-      if (!k.includes(':x:') || !v.subarray(0, 4).equals(Buffer.from('MRX1'))) continue;
+      if (!k.includes(':x:') || isFormat2(v)) continue;
       const { value, chunks } = encodeStoredValue(decodeExchange(v));
       await this.db.batch([...[...chunks].map(([hash, chunk]) => ({ type: 'put' as const, key: key.chunk(hash), value: chunk })), { type: 'put' as const, key: k, value }]);
       exchanges++;

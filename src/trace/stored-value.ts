@@ -88,7 +88,8 @@ function parse(value: Buffer): Parsed {
   return { record, requestHead, requestBody, responseHead, responseBody };
 }
 
-const isFormat2 = (value: Buffer) => value.subarray(0, 4).equals(MAGIC);
+/** A value in the current encoding (format 2); otherwise a format-1 value (bodies inline). */
+export const isFormat2 = (value: Buffer) => value.subarray(0, 4).equals(MAGIC);
 
 /** Just the record of a stored value of either format (both start with magic, JSON length, JSON). */
 export function recordOf(value: Buffer): ExchangeRecord {
