@@ -46,16 +46,21 @@ async function trustCa(argv: string[], env: NodeJS.ProcessEnv = process.env) {
   return { code, stdout, stderr };
 }
 
+/** A temp dir with a home path (not created) and an empty NSS database. */
+async function homeAndNssDb(): Promise<{ dir: string; home: string; db: string }> {
+  const dir = await tempDir();
+  const db = join(dir, 'nssdb');
+  await mkdir(db);
+  await run('certutil', ['-N', '-d', `sql:${db}`, '--empty-password']);
+  return { dir, home: join(dir, 'home'), db };
+}
+
 /** Commands that change the system store need sudo unless we are root. */
 const sudo = process.getuid?.() === 0 ? '' : 'sudo ';
 
 describe('trust-ca', () => {
   itWithCertutil('--name-constraints creates a CA limited to the --intercept hosts, and installs it', async () => {
-    const dir = await tempDir();
-    const home = join(dir, 'home');
-    const db = join(dir, 'nssdb');
-    await mkdir(db);
-    await run('certutil', ['-N', '-d', `sql:${db}`, '--empty-password']);
+    const { dir, home, db } = await homeAndNssDb();
     const installed = await trustCa(['--home', home, '--nss-db', db, '--name-constraints', '--intercept', 'api.openai.com,*.corp.example']);
     expect(installed.code, installed.stderr).toBe(0);
     const text = execFileSync('openssl', ['x509', '-in', join(home, 'certs', 'ca.pem'), '-noout', '-text']).toString();
@@ -66,11 +71,7 @@ describe('trust-ca', () => {
   });
 
   itWithCertutil('installs into and removes from a real NSS database', async () => {
-    const dir = await tempDir();
-    const home = join(dir, 'home');
-    const db = join(dir, 'nssdb');
-    await mkdir(db);
-    await run('certutil', ['-N', '-d', `sql:${db}`, '--empty-password']);
+    const { home, db } = await homeAndNssDb();
 
     const installed = await trustCa(['--home', home, '--stores', 'nss', '--nss-db', db]);
     expect(installed.stderr).toBe('');
@@ -222,11 +223,7 @@ describe('trust-ca', () => {
   });
 
   itWithCertutil('--rotate: a new CA with the same constraints, the NSS install moved to it, the old key gone', async () => {
-    const dir = await tempDir();
-    const home = join(dir, 'home');
-    const db = join(dir, 'nssdb');
-    await mkdir(db);
-    await run('certutil', ['-N', '-d', `sql:${db}`, '--empty-password']);
+    const { home, db } = await homeAndNssDb();
     expect((await trustCa(['--home', home, '--nss-db', db, '--name-constraints', '--intercept', 'api.openai.com'])).code).toBe(0);
     const old = await loadOrCreateAuthority(home);
     const oldFp = certificateFingerprint(old.certPem);
