@@ -56,4 +56,28 @@ describe('store format version', () => {
       rmSync(home, { recursive: true, force: true });
     }
   });
+
+  it('a command waits a moment for a store another process holds, then says it is in use', async () => {
+    const home = mkdtempSync(join(tmpdir(), 'mitm-replay-locked-'));
+    try {
+      const held = await TraceStore.open(join(home, 'traces'));
+      // released after 700 ms: ls waits for it
+      const ls = runCli(['ls', '--home', home]);
+      await new Promise((r) => setTimeout(r, 700));
+      await held.close();
+      const waited = await ls;
+      expect(waited.code, waited.stderr).toBe(0);
+      // held for longer than the wait: one line saying so
+      const again = await TraceStore.open(join(home, 'traces'));
+      try {
+        const refused = await runCli(['ls', '--home', home]);
+        expect(refused.code).toBe(1);
+        expect(refused.stderr).toMatch(/^mitm-replay: ls: the trace store .* is in use by another mitm-replay process\n$/);
+      } finally {
+        await again.close();
+      }
+    } finally {
+      rmSync(home, { recursive: true, force: true });
+    }
+  });
 });

@@ -2,7 +2,7 @@ import { DaemonClient } from '../daemon-client.js';
 import { homePaths } from '../home.js';
 import type { ReplayReport } from '../replay/verdict.js';
 import { decodeExchange, type ExchangeRecord, type StoredExchange, type TraceMeta } from './schema.js';
-import { TraceStore, type TraceSummary } from './store.js';
+import { StoreLockedError, TraceStore, type TraceSummary } from './store.js';
 
 /** One row of `mitm-replay ls`. */
 export interface TraceListing {
@@ -74,10 +74,27 @@ function clientReader(client: DaemonClient): TraceReader {
   };
 }
 
+/** How long a command waits for a store another process holds briefly (a command, a starting daemon, `ui`). */
+const LOCKED_WAIT_MS = 3000;
+
+/**
+ * The running daemon's reader, or the store opened directly. Another process may hold the store for a moment
+ * (a short command, a daemon about to publish its state file, the viewer reading a page): try again for a few
+ * seconds before saying the store is in use.
+ */
 export async function openTraceReader(home: string): Promise<TraceReader> {
   const paths = homePaths(home);
-  const client = await DaemonClient.find(paths.stateFile);
-  return client ? clientReader(client) : storeReader(await TraceStore.open(paths.store));
+  const deadline = Date.now() + LOCKED_WAIT_MS;
+  for (;;) {
+    const client = await DaemonClient.find(paths.stateFile);
+    if (client) return clientReader(client);
+    try {
+      return storeReader(await TraceStore.open(paths.store));
+    } catch (err) {
+      if (!(err instanceof StoreLockedError) || Date.now() >= deadline) throw err;
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+  }
 }
 
 /** A trace's metadata and every exchange, through any reader; undefined when there is no such trace. */

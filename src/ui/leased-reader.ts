@@ -1,6 +1,4 @@
-import { setTimeout as sleep } from 'node:timers/promises';
 import { openTraceReader, type TraceReader } from '../trace/reader.js';
-import { StoreLockedError } from '../trace/store.js';
 
 /** How long the store stays open after the page's last request. */
 const IDLE_MS = 1000;
@@ -21,15 +19,8 @@ export class LeasedReader implements TraceReader {
 
   private async connect(): Promise<TraceReader> {
     await this.closing;
-    // A command that just took the store is about to publish its daemon: wait for it as `record` does.
-    for (let attempt = 0; ; attempt++) {
-      try {
-        return await openTraceReader(this.home);
-      } catch (err) {
-        if (!(err instanceof StoreLockedError) || attempt >= 50) throw err;
-        await sleep(100);
-      }
-    }
+    // (openTraceReader waits a few seconds for a store another process holds for a moment)
+    return openTraceReader(this.home);
   }
 
   private async use<T>(read: (reader: TraceReader) => Promise<T>): Promise<T> {
