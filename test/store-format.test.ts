@@ -72,7 +72,7 @@ describe('store format version', () => {
       try {
         const refused = await runCli(['ls', '--home', home]);
         expect(refused.code).toBe(1);
-        expect(refused.stderr).toMatch(/^mitm-replay: ls: the trace store .* is in use by another mitm-replay process\n$/);
+        expect(refused.stderr).toMatch(/^mitm-replay: ls: the trace store .* is in use by another mitm-replay process \(.*\): try again when it has finished\n$/);
       } finally {
         await again.close();
       }

@@ -93,7 +93,7 @@ export class TraceStore {
     } catch (err) {
       const cause = (err as { cause?: { code?: string; message?: string } }).cause;
       if (cause?.code === 'LEVEL_LOCKED' || /lock/i.test(cause?.message ?? '')) {
-        throw new StoreLockedError(`the trace store ${path} is in use by another mitm-replay process`);
+        throw new StoreLockedError(`the trace store ${path} is in use by another mitm-replay process (a command still running, or a viewer reading it): try again when it has finished`);
       }
       throw err;
     }
