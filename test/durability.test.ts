@@ -55,7 +55,17 @@ describe('crash safety and clean shutdown', () => {
     const ca = readFileSync(join(home, 'certs', 'ca.pem'), 'utf8');
     const agent = new TunnelAgent(daemon.port, undefined, { maxSockets: 64 });
     const completed: Buffer[] = [];
-    for (let i = 0; i < 5; i++) completed.push((await request(`https://tools.example.test/echo?n=${i}`, { agent, ca, headers: { 'x-test-id': `done-${i}` } })).body);
+    // large bodies, so they are stored as chunks (format 2): a resent conversation up, a download down
+    const conversation = Array.from({ length: 400 }, (_, i) => `turn ${i}: the agent said something long enough to repeat`).join('\n');
+    const sentBodies: string[] = [];
+    for (let i = 0; i < 5; i++) {
+      const body = `${conversation}\nnew turn ${i}`;
+      sentBodies.push(body);
+      const res = i % 2 === 0
+        ? await request(`https://tools.example.test/echo?n=${i}`, { agent, ca, method: 'POST', body, headers: { 'x-test-id': `done-${i}`, 'content-type': 'text/plain' } })
+        : await request(`https://tools.example.test/large?mb=0.05&n=${i}`, { agent, ca, headers: { 'x-test-id': `done-${i}` } });
+      completed.push(res.body);
+    }
     // 50 streams, each still running when the daemon dies
     const firstBytes: Promise<void>[] = [];
     const streams = Array.from({ length: 50 }, (_, i) => {
@@ -82,7 +92,12 @@ describe('crash safety and clean shutdown', () => {
     const exchanges = await readTrace(home, 'fifty');
     const done = exchanges.filter((e) => e.record.state === 'complete');
     expect(done).toHaveLength(5);
-    for (const [i, ex] of done.entries()) expect(ex.responseBody.equals(completed[i]!)).toBe(true);
+    for (const [i, ex] of done.entries()) {
+      expect(ex.responseBody.equals(completed[i]!)).toBe(true);
+      if (i % 2 === 0) expect(ex.requestBody.toString()).toBe(sentBodies[i]);
+    }
+    expect(completed[1]!.length).toBe(Math.floor(0.05 * 1024 * 1024));
+    expect(sentBodies[0]!.length).toBeGreaterThan(16 * 1024);
     const cut = exchanges.filter((e) => e.record.state === 'incomplete');
     expect(cut).toHaveLength(50);
     expect(cut.every((e) => e.record.error?.code === 'cut-off')).toBe(true);

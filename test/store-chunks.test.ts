@@ -105,6 +105,21 @@ describe('store: bodies in content-defined chunks, each stored once', () => {
     back.forEach((ex, i) => expect(ex.requestBody.equals(run[i]!.requestBody)).toBe(true));
   });
 
+  it('a failed write forgets its chunks, so the next exchange that shares them writes them', async () => {
+    const run = conversation(2, 17);
+    await store.putTrace(meta('f'));
+    process.env.MITM_REPLAY_FAULT_EXCHANGE_WRITES = '1';
+    try {
+      await expect(store.putExchange('f', run[0]!)).rejects.toThrow(/injected store write failure/);
+    } finally {
+      delete process.env.MITM_REPLAY_FAULT_EXCHANGE_WRITES;
+    }
+    // run[1] resends run[0]'s conversation: its chunks must be written now, not assumed present
+    await store.putExchange('f', run[1]!);
+    expect((await store.getExchange('f', 1))!.requestBody.equals(run[1]!.requestBody)).toBe(true);
+    expect(await store.getExchange('f', 0)).toBeUndefined();
+  });
+
   it('a damaged value says which exchange and chunk are missing', async () => {
     const run = conversation(2, 3);
     await store.putTrace(meta('x'));
