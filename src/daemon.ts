@@ -326,10 +326,13 @@ export class Daemon {
     };
   }
 
-  /** Deletes expired traces (never one being recorded) and the blobs nothing refers to any more. */
-  gc(): ReturnType<typeof collectGarbage> {
+  /**
+   * Deletes expired traces (never one being recorded) and the blobs and chunks nothing refers to any more. The
+   * hourly run looks for unreferenced chunks only after a deletion; the `gc` command (`sweep: 'always'`) always.
+   */
+  gc(sweep: 'always' | 'if-needed' = 'if-needed'): ReturnType<typeof collectGarbage> {
     const live = new Set([...this.sessions.all().filter((s) => s.target.kind === 'record').map((s) => s.id), this.anonymousTraceName]);
-    return collectGarbage(this.store, this.retention, live);
+    return collectGarbage(this.store, this.retention, live, { sweep });
   }
 
   /** full → structural (one way); refused while the trace is being recorded or replayed. */
@@ -563,7 +566,7 @@ export class Daemon {
       if (method === 'GET' && path === '/traces') return json(200, await listTraces(this.store));
       const records = /^\/traces\/([^/?]+)\/exchanges$/.exec(path);
       if (method === 'GET' && records) return json(200, await traceRecords(this.store, await this.resolveTraceName(decodeURIComponent(records[1]!))));
-      if (method === 'POST' && path === '/gc') return json(200, await this.gc());
+      if (method === 'POST' && path === '/gc') return json(200, await this.gc('always'));
       const tierChange = /^\/traces\/([^/?]+)\/tier$/.exec(path);
       if (method === 'POST' && tierChange) return json(200, await this.convertTier(decodeURIComponent(tierChange[1]!)));
       const keep = /^\/traces\/([^/?]+)\/keep$/.exec(path);

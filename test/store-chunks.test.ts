@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { TraceStore } from '../src/trace/store.js';
 import { convertToStructural } from '../src/trace/tiers.js';
-import { DEFAULT_RETENTION } from '../src/trace/retention.js';
+import { DEFAULT_RETENTION, collectGarbage } from '../src/trace/retention.js';
 import { buildRuleSet } from '../src/capture/redact.js';
 import { FORMAT_VERSION, type StoredExchange, type TraceMeta } from '../src/trace/schema.js';
 import { CHUNKED_BODY_MIN } from '../src/trace/stored-value.js';
@@ -89,6 +89,28 @@ describe('store: bodies in content-defined chunks, each stored once', () => {
     await store.deleteTrace('b');
     await store.sweepChunks();
     expect((await store.chunkStats()).chunks).toBe(0);
+  });
+
+  it('the hourly gc looks for unreferenced chunks only after a trace was deleted; the gc command always', async () => {
+    const run = conversation(4, 23);
+    await store.putTrace(meta('kept'));
+    await store.putTrace(meta('gone'));
+    for (const ex of run) await store.putExchange('kept', ex);
+    for (const ex of conversation(3, 29)) await store.putExchange('gone', ex);
+    expect(store.chunksMayBeUnreferenced).toBe(true); // nothing swept since opening
+    expect((await collectGarbage(store, null, new Set())).deletedChunks).toBe(0);
+    expect(store.chunksMayBeUnreferenced).toBe(false);
+    // rewriting an exchange without its chunks (what a tier conversion does) is not a deletion: skipped...
+    await store.putExchange('kept', chatExchange(0, 'small now'));
+    expect((await collectGarbage(store, null, new Set())).deletedChunks).toBe(0);
+    // ...until asked for, as the gc command and the conversion do
+    expect((await collectGarbage(store, null, new Set(), { sweep: 'always' })).deletedChunks).toBeGreaterThan(0);
+    // a deleted trace makes the next hourly run look
+    await store.deleteTrace('gone');
+    expect(store.chunksMayBeUnreferenced).toBe(true);
+    expect((await collectGarbage(store, null, new Set())).deletedChunks).toBeGreaterThan(0);
+    const back = await readAll(store, 'kept');
+    back.slice(1).forEach((ex, i) => expect(ex.requestBody.equals(run[i + 1]!.requestBody)).toBe(true));
   });
 
   it('an exchange written while a sweep runs keeps the chunks it reuses', async () => {

@@ -74,7 +74,7 @@ export async function runGc(argv: string[]): Promise<number> {
   const result = await withStoreOrDaemon<GcResult>(
     home,
     (client) => client.request('POST', '/gc'),
-    (store) => collectGarbage(store, loadRetention(home), new Set()),
+    (store) => collectGarbage(store, loadRetention(home), new Set(), { sweep: 'always' }),
   );
   if (has(args, 'json')) console.log(JSON.stringify(result));
   else process.stderr.write(`mitm-replay: gc deleted ${result.deletedTraces.length} expired trace(s)${result.deletedTraces.length ? ` (${result.deletedTraces.join(', ')})` : ''}, ${result.deletedBlobs} unreferenced blob(s) and ${result.deletedChunks} unreferenced body chunk(s)\n`);

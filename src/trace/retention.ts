@@ -87,9 +87,17 @@ export interface GcResult {
 
 /**
  * Deletes expired traces, then every blob no remaining trace refers to (workspace snapshots and files) and every
- * body chunk no remaining exchange refers to.
+ * body chunk no remaining exchange refers to. Looking for unreferenced chunks reads every exchange, so by default
+ * it happens only when a trace was deleted since the last look (the daemon's hourly run); `sweep: 'always'` looks
+ * anyway (the `gc` command, and a tier conversion, which rewrites exchanges without deleting a trace).
  */
-export async function collectGarbage(store: TraceStore, policy: RetentionPolicy | null, live: Set<string>, now = Date.now()): Promise<GcResult> {
+export async function collectGarbage(
+  store: TraceStore,
+  policy: RetentionPolicy | null,
+  live: Set<string>,
+  options: { now?: number; sweep?: 'always' | 'if-needed' } = {},
+): Promise<GcResult> {
+  const now = options.now ?? Date.now();
   const deletedTraces: string[] = [];
   const remaining: TraceMeta[] = [];
   for (const meta of await store.listTraces()) {
@@ -115,7 +123,7 @@ export async function collectGarbage(store: TraceStore, policy: RetentionPolicy 
     await store.deleteBlob(hash);
     deletedBlobs++;
   }
-  const deletedChunks = await store.sweepChunks();
+  const deletedChunks = options.sweep === 'always' || store.chunksMayBeUnreferenced ? await store.sweepChunks() : 0;
   // the expired payloads leave the files on disk, not just the index
   if (deletedTraces.length > 0) await store.compact();
   return { deletedTraces, deletedBlobs, deletedChunks };

@@ -81,6 +81,8 @@ export class TraceStore {
   private sweepPins: Set<string> | null = null;
   /** set when opening migrated an older store */
   migration: Migration | null = null;
+  /** a trace was deleted since the last chunk sweep (or none ran since the store was opened) */
+  chunksMayBeUnreferenced = true;
 
   private constructor(private readonly db: Level<string, Buffer>) {}
 
@@ -200,6 +202,7 @@ export class TraceStore {
 
   async deleteTrace(name: string): Promise<void> {
     await this.flushQueue();
+    this.chunksMayBeUnreferenced = true;
     await this.db.clear(key.traceRange(name));
   }
 
@@ -316,6 +319,8 @@ export class TraceStore {
    */
   async sweepChunks(): Promise<number> {
     this.sweepPins = new Set();
+    // a trace deleted while this runs may leave chunks it does not see: set again by deleteTrace
+    this.chunksMayBeUnreferenced = false;
     try {
       await this.flushQueue();
       const referenced = new Set<string>();

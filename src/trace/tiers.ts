@@ -35,7 +35,7 @@ export async function convertToStructural(store: TraceStore, name: string, polic
   const updated: TraceMeta = { ...meta, tier: 'structural', structural: options, expiresAt: meta.kept ? meta.expiresAt : expiryFor(policy, meta.createdAt, 'structural') };
   delete updated.workspace;
   await store.putTrace(updated);
-  const { deletedBlobs, deletedChunks } = await collectGarbage(store, null, new Set());
+  const { deletedBlobs, deletedChunks } = await collectGarbage(store, null, new Set(), { sweep: 'always' });
   await store.compact();
   return { name, exchanges: exchanges.length, deletedReports, droppedWorkspace: meta.workspace !== undefined, deletedBlobs, deletedChunks };
 }
