@@ -1,5 +1,5 @@
 import { execFile, execFileSync } from 'node:child_process';
-import { existsSync, readFileSync, readdirSync, statSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { X509Certificate } from 'node:crypto';
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -275,6 +275,26 @@ describe('trust-ca', () => {
     expect(leaf.verify(new X509Certificate(next.certPem).publicKey)).toBe(true);
     expect(leaf.verify(new X509Certificate(old.certPem).publicKey)).toBe(false);
     expect(JSON.parse(readFileSync(join(home, 'certs', 'installs.json'), 'utf8')).installs[0].name).toBe(`mitm-replay-${newFp.slice(0, 8)}`);
+  });
+
+  itWithCertutil('--rotate: when the new CA cannot be installed, nothing is rotated', async () => {
+    const { dir, home, db } = await homeAndNssDb();
+    expect((await trustCa(['--home', home, '--nss-db', db])).code).toBe(0);
+    const before = readFileSync(join(home, 'certs', 'ca.pem'), 'utf8');
+    const keyBefore = readFileSync(join(home, 'certs', 'ca-key.pem'), 'utf8');
+    // a recorded install whose database has gone since
+    const installs = JSON.parse(readFileSync(join(home, 'certs', 'installs.json'), 'utf8'));
+    installs.installs.push({ store: 'nss', db: `sql:${join(dir, 'gone')}`, name: installs.installs[0].name });
+    writeFileSync(join(home, 'certs', 'installs.json'), JSON.stringify(installs));
+    const failed = await trustCa(['--home', home, '--rotate']);
+    expect(failed.code).toBe(1);
+    expect(failed.stderr).toMatch(/^mitm-replay trust-ca: .*; nothing was rotated \(the current CA is unchanged\)\n$/);
+    expect(readFileSync(join(home, 'certs', 'ca.pem'), 'utf8')).toBe(before);
+    expect(readFileSync(join(home, 'certs', 'ca-key.pem'), 'utf8')).toBe(keyBefore);
+    expect(readdirSync(join(home, 'certs')).sort()).toEqual(['bundle.pem', 'ca-key.pem', 'ca.pem', 'installs.json']);
+    // the database that worked trusts the current CA only (the new one was taken out again)
+    const listed = (await run('certutil', ['-L', '-d', `sql:${db}`])).stdout;
+    expect(listed.match(/mitm-replay-[0-9a-f]{8}/g)).toEqual([`mitm-replay-${certificateFingerprint(before).slice(0, 8)}`]);
   });
 
   it('--rotate: bad combinations and a home without a CA get one line', async () => {
