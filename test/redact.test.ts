@@ -456,6 +456,43 @@ describe('redactBody: server-sent events', () => {
   });
 });
 
+describe('redactBody: secrets in environment-style assignments', () => {
+  const pw = `hunter2-${alnum(12, 5)}`;
+  const aws = alnum(40, 6);
+
+  it('redacts the value after a secret-sounding UPPER_CASE name and keeps the name', () => {
+    const text = [`DB_PASSWORD=${pw}`, `export STRIPE_SECRET_KEY="${pw}x"`, `AWS_SECRET_ACCESS_KEY = ${aws}`, `GITHUB_TOKEN='${pw}y'`, 'CANARY=plain-value'].join('\n');
+    const out = redactor.redactBody(Buffer.from(text), 'request', undefined, 'text/plain');
+    expect(out.body.toString()).toBe(
+      ['DB_PASSWORD=[REDACTED:env-secret]', 'export STRIPE_SECRET_KEY="[REDACTED:env-secret]"', 'AWS_SECRET_ACCESS_KEY = [REDACTED:env-secret]', "GITHUB_TOKEN='[REDACTED:env-secret]'", 'CANARY=plain-value'].join('\n'),
+    );
+    expect(out.fired).toEqual([{ rule: 'env-secret', where: 'request.body' }]);
+  });
+
+  it('finds them in a .env a tool read and sent to the model (JSON-escaped newlines)', () => {
+    const body = Buffer.from(JSON.stringify({ role: 'tool', content: `# config\nDB_PASSWORD=${pw}\nAPI_KEY=${aws}\nPORT=5432\n` }));
+    const out = redactor.redactBody(body, 'request', undefined, 'application/json').body.toString();
+    expect(JSON.parse(out).content).toBe('# config\nDB_PASSWORD=[REDACTED:env-secret]\nAPI_KEY=[REDACTED:env-secret]\nPORT=5432\n');
+  });
+
+  it('leaves names that only contain a word, lower-case names, short values and placeholders alone', () => {
+    const text = 'MAX_TOKENS=4096 TOKEN_LENGTH=32 XPASSWORD=abcdef db_password=abcdef PASSWORD=ab PASSWORD=[REDACTED:openai-key]';
+    const body = Buffer.from(text);
+    expect(redactor.redactBody(body, 'request', undefined, 'text/plain').body).toBe(body);
+  });
+
+  it('lets a key shape name the rule, and redacting twice changes nothing', () => {
+    const once = redactor.redactBody(Buffer.from(`OPENAI_API_KEY=${FAKE.openai()}\nDB_PASSWORD=${pw}\n`), 'request', undefined, 'text/plain').body;
+    expect(once.toString()).toBe('OPENAI_API_KEY=[REDACTED:openai-key]\nDB_PASSWORD=[REDACTED:env-secret]\n');
+    expect(redactor.redactBody(once, 'request', undefined, 'text/plain').body).toBe(once);
+  });
+
+  it('user patterns can name the part to replace with (?<secret>…)', () => {
+    const r = new Redactor(buildRuleSet({ patterns: [{ name: 'pin', regex: 'pin=(?<secret>\\d{4})', flags: 'i' }] }));
+    expect(r.redactBody(Buffer.from('a PIN=1234 b'), 'request', undefined, 'text/plain').body.toString()).toBe('a PIN=[REDACTED:user:pin] b');
+  });
+});
+
 describe('user patterns', () => {
   it('applies to bodies with flags, and names the rule user:<name>', () => {
     const r = new Redactor(

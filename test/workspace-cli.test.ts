@@ -19,15 +19,17 @@ const agent = join(ROOT, 'test', 'fixtures', 'weather-agent.py');
 const routing = () => ['--intercept', '+tools.example.test', ...fx.routing()];
 
 /** A git work tree holding the agent's input, a .env with a secret, and a git-ignored log. */
-async function makeWorkspace(): Promise<{ dir: string; secret: string }> {
+async function makeWorkspace(): Promise<{ dir: string; secret: string; password: string }> {
   const dir = mkdtempSync(join(fx.work, 'ws-'));
   const secret = `sk-proj-${randomBytes(30).toString('base64url').replace(/[-_]/g, 'x')}`;
+  // a secret with no recognisable shape: caught by its name (env-secret)
+  const password = `pw-${randomBytes(9).toString('hex')}`;
   writeFileSync(join(dir, 'input.txt'), 'Paris\n');
-  writeFileSync(join(dir, '.env'), `OPENAI_API_KEY=${secret}\nCANARY=plain-value\n`);
+  writeFileSync(join(dir, '.env'), `OPENAI_API_KEY=${secret}\nDB_PASSWORD=${password}\nCANARY=plain-value\n`);
   writeFileSync(join(dir, '.gitignore'), 'ignored.log\n');
   writeFileSync(join(dir, 'ignored.log'), 'not for the snapshot\n');
   await run('git', ['init', '-q'], { cwd: dir });
-  return { dir, secret };
+  return { dir, secret, password };
 }
 
 function sandboxOf(stderr: string): string {
@@ -37,7 +39,7 @@ function sandboxOf(stderr: string): string {
 describe('workspace snapshot, sandboxed replay, outcome', () => {
   it('replays on the restored snapshot: the real cwd is untouched and later edits do not matter', async () => {
     const home = fx.freshHome();
-    const { dir, secret } = await makeWorkspace();
+    const { dir, secret, password } = await makeWorkspace();
     const rec = await runCli(['record', '--home', home, '--trace', 'ws', ...routing(), '--', python, agent], { cwd: dir, env: { PATCH: 'fix' } });
     expect(rec.code, rec.stderr).toBe(0);
     expect(rec.stderr).toContain('secrets redacted before storing in .env');
@@ -48,6 +50,7 @@ describe('workspace snapshot, sandboxed replay, outcome', () => {
     // the key never reached the store; .gitignore was respected
     const onDisk = readdirSync(join(home, 'traces')).map((f) => readFileSync(join(home, 'traces', f)).toString('latin1')).join('');
     expect(onDisk).not.toContain(secret);
+    expect(onDisk).not.toContain(password);
 
     // change the input in the real cwd: the replay still runs on the recorded snapshot
     writeFileSync(join(dir, 'input.txt'), 'Berlin\n');
@@ -62,6 +65,7 @@ describe('workspace snapshot, sandboxed replay, outcome', () => {
     expect(readFileSync(join(sandbox, 'input.txt'), 'utf8')).toBe('Paris\n');
     expect(existsSync(join(sandbox, 'ignored.log'))).toBe(false);
     expect(readFileSync(join(sandbox, '.env'), 'utf8')).toContain('[REDACTED:');
+    expect(readFileSync(join(sandbox, '.env'), 'utf8')).toContain('DB_PASSWORD=[REDACTED:env-secret]\n');
     expect(readFileSync(join(sandbox, '.env'), 'utf8')).toContain('CANARY=plain-value');
     rmSync(sandbox, { recursive: true, force: true });
 

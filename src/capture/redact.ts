@@ -88,6 +88,9 @@ export const SECRET_QUERY_PARAMS: readonly string[] = [
   'x-goog-signature', // GCS signed URLs
 ];
 
+/** Last words of environment variable names that hold secrets (the `env-secret` pattern). */
+const ENV_SECRET_WORDS = 'PASSWORD|PASSWD|PASSPHRASE|SECRET|SECRET_KEY|TOKEN|API_KEY|APIKEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?';
+
 /** Characters of a token: a key shape must not start in the middle of one (prevents matching "disk-…"). */
 const T = 'A-Za-z0-9_-';
 
@@ -110,6 +113,17 @@ export const BUILTIN_PATTERNS: readonly { name: string; regex: string; flags: st
   {
     name: 'private-key',
     regex: '-----BEGIN[A-Z ]{0,30}PRIVATE KEY-----(?:[A-Za-z0-9+/=\\s]|\\\\[nr]){0,20000}(?:-----END[A-Z ]{0,30}PRIVATE KEY-----)?',
+    flags: '',
+  },
+  // The value of an environment-style assignment whose name says it is a secret (`DB_PASSWORD=…`,
+  // `export STRIPE_SECRET_KEY="…"`, `GITHUB_TOKEN=…`), wherever it appears: a .env file in the workspace, or the
+  // same text a tool read and sent to the model (in JSON, after an escaped newline). Only UPPER_CASE names ending
+  // in one of the words, so `MAX_TOKENS=4096` and `TOKEN_LENGTH=32` stay. A key shape in the value names the
+  // rule; a placeholder is left alone (redacting twice changes nothing: a restored snapshot rescans the same).
+  {
+    name: 'env-secret',
+    // The word comes first, so the scan looks for literals; the lookbehind then checks the whole name.
+    regex: `(?:${ENV_SECRET_WORDS})(?<=(?:^|[^A-Za-z0-9_]|\\\\[nrt])(?:[A-Z0-9]+_)*(?:${ENV_SECRET_WORDS}))[ \\t]*=[ \\t]*["']?(?!\\[REDACTED:)(?<secret>[^\\s"'\\\\,;&<>]{3,300})`,
     flags: '',
   },
 ];
@@ -728,7 +742,10 @@ export class Redactor {
         }
         let g = 0;
         if (rules.length > 1) while (g < rules.length - 1 && m[g + 1] === undefined) g++;
-        spans.push(this.span(offset + m.index, offset + m.index + m[0].length, rules[g]!, where));
+        // A pattern may name the part to replace at its end, `(?<secret>…)`; what comes before it stays.
+        const secret = m.groups?.secret;
+        const start = secret === undefined ? m.index : m.index + m[0].length - secret.length;
+        spans.push(this.span(offset + start, offset + m.index + m[0].length, rules[g]!, where));
       }
     }
   }
@@ -768,6 +785,8 @@ export class Redactor {
 function compilePatterns(patterns: readonly { name: string; regex: string; flags: string }[]): CompiledPatterns[] {
   const combinable = new Map<string, { name: string; regex: string }[]>();
   const out: CompiledPatterns[] = [];
+  // patterns with groups run after the combined ones: on the same stretch, the first span found names the rule
+  const single: CompiledPatterns[] = [];
   for (const p of patterns) {
     let groups: number;
     try {
@@ -777,7 +796,7 @@ function compilePatterns(patterns: readonly { name: string; regex: string; flags
       throw new RedactionRulesError(`pattern "${p.name}" has an invalid regex: ${(err as Error).message}`);
     }
     if (groups > 0) {
-      out.push({ regex: new RegExp(p.regex, `${p.flags}g`), rules: [p.name] });
+      single.push({ regex: new RegExp(p.regex, `${p.flags}g`), rules: [p.name] });
     } else {
       const list = combinable.get(p.flags) ?? [];
       list.push(p);
@@ -787,6 +806,6 @@ function compilePatterns(patterns: readonly { name: string; regex: string; flags
   for (const [flags, list] of combinable) {
     out.push({ regex: new RegExp(list.map((p) => `(${p.regex})`).join('|'), `${flags}g`), rules: list.map((p) => p.name) });
   }
-  return out;
+  return [...out, ...single];
 }
 
