@@ -493,6 +493,28 @@ describe('redactBody: secrets in environment-style assignments', () => {
   });
 });
 
+describe('redactBody: JSON keys named like secrets', () => {
+  const pw = `hunter2-${alnum(12, 7)}`;
+
+  it('redacts string values under secret keys, in JSON and in JSON sent as text, and nothing else', () => {
+    const inner = JSON.stringify({ password: pw, user: 'bob' });
+    const body = Buffer.from(JSON.stringify({ login: { username: 'bob', password: pw }, headers: { Authorization: `Bearer ${pw}` }, tool: inner, apiKey: `${pw}k`, note: 'canary' }));
+    const out = redactor.redactBody(body, 'request', undefined, 'application/json');
+    const parsed = JSON.parse(out.body.toString());
+    expect(parsed.login).toEqual({ username: 'bob', password: '[REDACTED:json-secret]' });
+    expect(parsed.headers.Authorization).toBe('[REDACTED:json-secret]');
+    expect(JSON.parse(parsed.tool)).toEqual({ password: '[REDACTED:json-secret]', user: 'bob' });
+    expect(parsed.apiKey).toBe('[REDACTED:json-secret]');
+    expect(parsed.note).toBe('canary');
+    expect(out.body.toString()).not.toContain(pw);
+  });
+
+  it('leaves schemas, numbers, logprob tokens and placeholders alone', () => {
+    const body = Buffer.from(JSON.stringify({ properties: { password: { type: 'string' } }, secret: 42, logprobs: [{ token: 'Hello' }], password: '[REDACTED:openai-key]' }));
+    expect(redactor.redactBody(body, 'request', undefined, 'application/json').body).toBe(body);
+  });
+});
+
 describe('user patterns', () => {
   it('applies to bodies with flags, and names the rule user:<name>', () => {
     const r = new Redactor(

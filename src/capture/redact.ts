@@ -91,6 +91,10 @@ export const SECRET_QUERY_PARAMS: readonly string[] = [
 /** Last words of environment variable names that hold secrets (the `env-secret` pattern). */
 const ENV_SECRET_WORDS = 'PASSWORD|PASSWD|PASSPHRASE|SECRET|SECRET_KEY|TOKEN|API_KEY|APIKEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?';
 
+/** JSON keys whose string values are secrets (the `json-secret` pattern); `token` alone is left out (logprobs). */
+const JSON_SECRET_KEYS =
+  'password|Password|passwd|passphrase|secret|client_secret|clientSecret|api_key|apiKey|API_KEY|access_token|accessToken|refresh_token|refreshToken|private_key|privateKey|authorization|Authorization';
+
 /** Characters of a token: a key shape must not start in the middle of one (prevents matching "disk-…"). */
 const T = 'A-Za-z0-9_-';
 
@@ -124,6 +128,14 @@ export const BUILTIN_PATTERNS: readonly { name: string; regex: string; flags: st
     name: 'env-secret',
     // The word comes first, so the scan looks for literals; the lookbehind then checks the whole name.
     regex: `(?:${ENV_SECRET_WORDS})(?<=(?:^|[^A-Za-z0-9_]|\\\\[nrt])(?:[A-Z0-9]+_)*(?:${ENV_SECRET_WORDS}))[ \\t]*=[ \\t]*["']?(?!\\[REDACTED:)(?<secret>[^\\s"'\\\\,;&<>]{3,300})`,
+    flags: '',
+  },
+  // The string value of a JSON key named like a secret (`"password": "…"`, `"api_key": "…"`), also in JSON
+  // sent as text inside a JSON string (`\"password\": \"…\"`). Objects and numbers under such keys (a tool
+  // schema's `"password": {"type": "string"}`) are left alone. The value ends at the first `"` or `\"`.
+  {
+    name: 'json-secret',
+    regex: `(?:${JSON_SECRET_KEYS})(?<="(?:${JSON_SECRET_KEYS}))\\\\?"[ \\t]*:[ \\t]*\\\\?"(?!\\[REDACTED:)(?<secret>(?:[^"\\\\]|\\\\[^"]){3,300})(?=\\\\?")`,
     flags: '',
   },
 ];
