@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import type { ReplayReport } from '../src/replay/verdict.js';
 import { ROOT, pythonWithHttpx, run, runCli, startCliDaemon } from './helpers/cli.js';
 import { useUpstreamFixture } from './helpers/cli-fixture.js';
+import { TraceStore } from '../src/trace/store.js';
 
 const fx = useUpstreamFixture('replay-cli');
 let python: string | null;
@@ -28,6 +29,34 @@ function readReport(file: string): ReplayReport {
 }
 
 describe('record, then replay end to end with real clients', () => {
+  it('a multi-turn agent that resends its conversation: stored as shared chunks, replayed byte for byte (PASS)', async () => {
+    if (!python) return;
+    const { home, recordDir, replayDir } = dirs();
+    const longAgent = join(ROOT, 'test', 'fixtures', 'long-agent.py');
+    const rec = await runCli(['record', '--home', home, '--trace', 'long', ...routing(), '--', python, longAgent], { cwd: recordDir });
+    expect(rec.code, rec.stderr).toBe(0);
+    expect(rec.stderr).toContain('trace long: 6 exchanges');
+    const store = await TraceStore.open(join(home, 'traces'));
+    try {
+      const bodies = [];
+      for await (const ex of store.exchanges('long')) bodies.push(ex.requestBody.length);
+      // every model call resends the ~6 KB system prompt. Its text (a few words over and over) gives the hash
+      // no content-defined boundary, so only the 4 KiB maximum cuts: the first 4 KiB are stored once, the tails
+      // (each a little longer than the last) are not shared. With 16 KiB chunks nothing at all was shared.
+      const { bytes } = await store.chunkStats();
+      expect(bodies.filter((n) => n >= 4096)).toHaveLength(5);
+      expect(bytes).toBeLessThan(bodies.reduce((a, b) => a + b, 0) * 0.7);
+    } finally {
+      await store.close();
+    }
+    const before = fx.upstream.requests.length;
+    const rep = await runCli(['replay', 'long', '--home', home, '--in-place', '--', python, longAgent], { cwd: replayDir });
+    expect(rep.code, rep.stderr).toBe(0);
+    expect(rep.stderr).toContain('exact=6 reordered=0 diverged=0 missing=0 unused=0 egress=blocked');
+    expect(fx.upstream.requests.length).toBe(before);
+    expect(readFileSync(join(replayDir, 'answers.txt'), 'utf8')).toBe(readFileSync(join(recordDir, 'answers.txt'), 'utf8'));
+  });
+
   it('Python httpx agent through HTTPS_PROXY: PASS with exact counts and zero upstream connections', async () => {
     if (!python) return;
     const { home, recordDir, replayDir } = dirs();

@@ -4,7 +4,13 @@
  * chunks wherever it sits, and is stored once.
  */
 const MIN_CHUNK = 256;
-const MAX_CHUNK = 16 * 1024;
+/**
+ * Periodic content (a repeated line, a text of few words) can keep the hash off every boundary value; then only
+ * this maximum cuts. Max cuts count from the start of a body, so a resent prefix still cuts the same way. At
+ * 16 KiB a 6 KiB body of such text was one chunk, shared with nothing; at 4 KiB content shifted by an insert still
+ * shares 94 % of its bytes (16 KiB: 94.4 %; FastCDC-style normalized masks: 89 %), with chunks of ~1.9 KiB.
+ */
+const MAX_CHUNK = 4 * 1024;
 /** 11 of the hash's high bits must be zero: boundaries about every 2 KiB */
 const BOUNDARY_MASK = 0xffe00000;
 /** a run of one byte at least this long ends in a boundary */
@@ -64,7 +70,7 @@ export function dedupe(buffers: Buffer[]): { chunks: Buffer[]; refs: number[][] 
     for (const length of chunkLengths(buffer)) {
       const chunk = buffer.subarray(pos, pos + length);
       pos += length;
-      // latin1 keys are exact for bytes; chunks are at most 16 KiB
+      // latin1 keys are exact for bytes; chunks are at most 4 KiB
       const key = chunk.toString('latin1');
       let id = index.get(key);
       if (id === undefined) {
