@@ -134,10 +134,15 @@ export function encodeExchange(ex: StoredExchange): Buffer {
 
 /** The parts of `encodeExchange`'s value: the record (with magic and length), then the four byte sections. */
 export function encodeExchangeSections(ex: StoredExchange): Buffer[] {
-  const json = Buffer.from(JSON.stringify(ex.record));
+  return [recordHeader(MAGIC, ex.record), ex.requestHead, ex.requestBody, ex.responseHead, ex.responseBody];
+}
+
+/** The start every encoding of an exchange shares: its magic, the JSON record's length (u32 BE), the JSON. */
+export function recordHeader(magic: Buffer, record: ExchangeRecord): Buffer {
+  const json = Buffer.from(JSON.stringify(record));
   const len = Buffer.alloc(4);
   len.writeUInt32BE(json.length);
-  return [Buffer.concat([MAGIC, len, json]), ex.requestHead, ex.requestBody, ex.responseHead, ex.responseBody];
+  return Buffer.concat([magic, len, json]);
 }
 
 export function decodeExchange(value: Buffer): StoredExchange {

@@ -120,8 +120,8 @@ export class TraceStore {
     let exchanges = 0;
     for await (const [k, v] of this.db.iterator({ gte: 't:', lt: 't;' })) {
       if (!k.includes(':x:') || isFormat2(v)) continue;
-      const { value, chunks } = encodeStoredValue(decodeExchange(v));
-      await this.db.batch([...[...chunks].map(([hash, chunk]) => ({ type: 'put' as const, key: key.chunk(hash), value: chunk })), { type: 'put' as const, key: k, value }]);
+      // as any exchange is written: in one batch with its chunks, skipping the chunks already written
+      await this.putExchange(k.slice(2, k.indexOf(':x:')), decodeExchange(v));
       exchanges++;
     }
     await this.db.put(FORMAT_KEY, Buffer.from(String(FORMAT_VERSION)));

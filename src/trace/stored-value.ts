@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { chunkLengths } from './chunking.js';
-import { decodeExchange, type ExchangeRecord, type StoredExchange } from './schema.js';
+import { decodeExchange, recordHeader, type ExchangeRecord, type StoredExchange } from './schema.js';
 
 /**
  * How the store keeps an exchange (store format 2; docs/trace-format.md):
@@ -48,10 +48,7 @@ function bodyPart(body: Buffer, chunks: Map<string, Buffer>): Buffer[] {
 
 export function encodeStoredValue(ex: StoredExchange): EncodedValue {
   const chunks = new Map<string, Buffer>();
-  const json = Buffer.from(JSON.stringify(ex.record));
-  const len = Buffer.alloc(4);
-  len.writeUInt32BE(json.length);
-  const value = Buffer.concat([MAGIC, len, json, ex.requestHead, ...bodyPart(ex.requestBody, chunks), ex.responseHead, ...bodyPart(ex.responseBody, chunks)]);
+  const value = Buffer.concat([recordHeader(MAGIC, ex.record), ex.requestHead, ...bodyPart(ex.requestBody, chunks), ex.responseHead, ...bodyPart(ex.responseBody, chunks)]);
   return { value, chunks };
 }
 
